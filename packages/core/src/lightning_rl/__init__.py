@@ -1,0 +1,1 @@
+"""Lightning: train any AI agent with reinforcement learning."""

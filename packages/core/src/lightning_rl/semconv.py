@@ -1,0 +1,119 @@
+"""Span names and attribute names, in one place.
+
+We reuse the OpenTelemetry GenAI (``gen_ai.*``) and OpenInference (``llm.*``) names where they
+exist, so spans exported by any instrumented agent read naturally; ``lightning.*`` names cover only
+what those conventions lack (exact token ids, rollout routing, credit-assignment signals).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    # span names
+    "SPAN_LLM_CALL",
+    "SPAN_TOOL",
+    "SPAN_REWARD",
+    "SPAN_SIGNAL",
+    "SPAN_AGENT",
+    # routing
+    "ROLLOUT_ID",
+    "ATTEMPT_ID",
+    "ROLE",
+    "TRAINABLE",
+    # OpenTelemetry GenAI
+    "GEN_AI_OPERATION_NAME",
+    "GEN_AI_REQUEST_MODEL",
+    "GEN_AI_RESPONSE_MODEL",
+    "GEN_AI_RESPONSE_ID",
+    "GEN_AI_RESPONSE_FINISH_REASONS",
+    "GEN_AI_USAGE_INPUT_TOKENS",
+    "GEN_AI_USAGE_OUTPUT_TOKENS",
+    "GEN_AI_AGENT_NAME",
+    "GEN_AI_TOOL_NAME",
+    "GEN_AI_TOOL_CALL_ID",
+    "GEN_AI_REQUEST_TEMPERATURE",
+    "GEN_AI_REQUEST_TOP_P",
+    "GEN_AI_REQUEST_MAX_TOKENS",
+    # Lightning
+    "PROMPT_TOKEN_IDS",
+    "RESPONSE_TOKEN_IDS",
+    "RESPONSE_LOGPROBS",
+    "TOKENS_EXACT",
+    "MODEL_VERSION",
+    "CHOICE_INDEX",
+    "TOOL_CALLS",
+    "TOOL_CALL_PARSE_ERROR",
+    "LATENCY_S",
+    "REWARD_VALUE",
+    "SIGNAL_NAME",
+    "SIGNAL_VALUE",
+    "TOOL_STATUS",
+    "TOOL_ERROR",
+    "RESOURCE_ROLLOUT_ID",
+    "RESOURCE_ATTEMPT_ID",
+]
+
+# --- span names -----------------------------------------------------------------------------
+SPAN_LLM_CALL: Final = "llm.call"
+"""One model call recorded by the gateway, one span per choice."""
+SPAN_TOOL: Final = "tool"
+"""One tool execution recorded by a plugin (start to end, status ERROR on failure)."""
+SPAN_REWARD: Final = "lightning.reward"
+"""A reward emitted by the agent with ``emit_reward``; the last one of an attempt is final."""
+SPAN_SIGNAL: Final = "lightning.signal"
+"""An intermediate-reward input (``emit_signal``), e.g. a tool error, used by AIR."""
+SPAN_AGENT: Final = "agent"
+"""A framework agent/node run; its role attributes the LLM calls made inside it."""
+
+# --- routing ---------------------------------------------------------------------------------
+ROLLOUT_ID: Final = "lightning.rollout_id"
+"""The rollout a span belongs to (span or resource attribute in OTLP ingest)."""
+ATTEMPT_ID: Final = "lightning.attempt_id"
+"""The attempt a span belongs to (span or resource attribute in OTLP ingest)."""
+RESOURCE_ROLLOUT_ID: Final = ROLLOUT_ID
+RESOURCE_ATTEMPT_ID: Final = ATTEMPT_ID
+ROLE: Final = "lightning.role"
+"""The agent role that made an LLM call (``X-Lightning-Role`` or a plugin's attribution)."""
+TRAINABLE: Final = "lightning.trainable"
+"""Whether a plugin marked the role trainable (the adapter's selection may override)."""
+
+# --- OpenTelemetry GenAI semantic conventions ------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+
+# --- Lightning additions ---------------------------------------------------------------------
+PROMPT_TOKEN_IDS: Final = "lightning.prompt_token_ids"
+"""Token ids the engine consumed, exactly (list of int)."""
+RESPONSE_TOKEN_IDS: Final = "lightning.response_token_ids"
+"""Token ids the engine sampled, exactly (list of int)."""
+RESPONSE_LOGPROBS: Final = "lightning.response_logprobs"
+"""Log-probability of each sampled token under the sampling distribution (list of float)."""
+TOKENS_EXACT: Final = "lightning.tokens_exact"
+"""False when token ids were derived from text (an upstream that returns no ids)."""
+MODEL_VERSION: Final = "lightning.model_version"
+"""The weights version that produced the response."""
+CHOICE_INDEX: Final = "lightning.choice_index"
+"""Index of the choice when ``n > 1``."""
+TOOL_CALLS: Final = "lightning.tool_calls"
+"""JSON list of parsed tool calls ``[{"id", "name", "arguments"}]`` in the response."""
+TOOL_CALL_PARSE_ERROR: Final = "lightning.tool_call_parse_error"
+"""Set when the model emitted a tool call that could not be parsed (returned as content)."""
+LATENCY_S: Final = "lightning.latency_s"
+REWARD_VALUE: Final = "lightning.reward.value"
+SIGNAL_NAME: Final = "lightning.signal.name"
+SIGNAL_VALUE: Final = "lightning.signal.value"
+TOOL_STATUS: Final = "lightning.tool.status"
+"""``ok`` or ``error`` for a tool span."""
+TOOL_ERROR: Final = "lightning.tool.error"

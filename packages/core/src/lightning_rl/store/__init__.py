@@ -1,0 +1,54 @@
+"""Where rollouts, attempts, spans and resources live.
+
+``open_store(url)`` picks a backend from a URL: ``memory://``, a SQLite path or ``sqlite:///path``,
+``postgresql://…``, or ``http(s)://…`` for a store server. Backends import their drivers lazily, so
+``import lightning_rl.store`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lightning_rl.store.base import LightningStore
+from lightning_rl.store.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from lightning_rl.store.client import StoreClient
+    from lightning_rl.store.postgres import PostgresStore
+    from lightning_rl.store.sqlite import SQLiteStore
+
+__all__ = ["LightningStore", "MemoryStore", "SQLiteStore", "PostgresStore", "StoreClient", "open_store"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "SQLiteStore":
+        from lightning_rl.store.sqlite import SQLiteStore
+
+        return SQLiteStore
+    if name == "PostgresStore":
+        from lightning_rl.store.postgres import PostgresStore
+
+        return PostgresStore
+    if name == "StoreClient":
+        from lightning_rl.store.client import StoreClient
+
+        return StoreClient
+    raise AttributeError(name)
+
+
+async def open_store(url: str, *, token: str | None = None) -> LightningStore:
+    """Open a store from a URL or path (see the module docstring)."""
+    if url in ("memory", "memory://"):
+        return MemoryStore()
+    if url.startswith(("http://", "https://")):
+        from lightning_rl.store.client import StoreClient
+
+        return StoreClient(url, token=token)
+    if url.startswith(("postgresql://", "postgres://")):
+        from lightning_rl.store.postgres import PostgresStore
+
+        return await PostgresStore.open(url)
+    path = url.removeprefix("sqlite:///").removeprefix("sqlite://")
+    from lightning_rl.store.sqlite import SQLiteStore
+
+    return SQLiteStore(path)

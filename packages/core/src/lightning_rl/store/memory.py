@@ -1,0 +1,383 @@
+"""In-memory store: the reference implementation of the store protocol.
+
+Used by unit tests and tiny runs in one process. It is not durable; ``SQLiteStore`` is the embedded
+default. All state sits behind one ``asyncio`` lock, and a condition wakes ``wait_for_rollouts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
+from lightning_rl.store.base import (
+    attempt_deadline,
+    attempt_outcome,
+    check_batch,
+    check_page,
+    expiry_reason,
+    now,
+    same_request,
+)
+from lightning_rl.types import (
+    TERMINAL_ROLLOUT,
+    Attempt,
+    AttemptStatus,
+    Claim,
+    LLMResource,
+    Resources,
+    RetryReason,
+    Rollout,
+    RolloutRequest,
+    RolloutStatus,
+    Span,
+    StoreStats,
+    check_attempt_transition,
+    check_rollout_transition,
+    new_id,
+)
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """A non-durable store for tests and single-process runs."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Condition(self._lock)
+        self._rollouts: dict[str, Rollout] = {}
+        self._attempts: dict[str, Attempt] = {}
+        self._attempts_of: dict[str, list[str]] = {}
+        self._spans: dict[tuple[str, str], Span] = {}
+        self._span_seq: dict[str, int] = {}
+        self._resources: list[Resources] = []
+        self._seq = 0
+
+    # --- rollouts ---------------------------------------------------------------------------
+    async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        check_batch("enqueue", len(requests))
+        async with self._lock:
+            out: list[Rollout] = []
+            for req in requests:
+                stored = self._rollouts.get(req.id)
+                if stored is not None:
+                    if not same_request(stored, req):
+                        raise ConflictError(
+                            f"rollout id {req.id} already exists with a different task or config; "
+                            "use a new id for a new rollout."
+                        )
+                    out.append(stored.model_copy(deep=True))
+                    continue
+                self._seq += 1
+                t = now()
+                rollout = Rollout(**req.model_dump(), seq=self._seq, created_at=t, updated_at=t)
+                self._rollouts[req.id] = rollout
+                out.append(rollout.model_copy(deep=True))
+            self._changed.notify_all()
+            return out
+
+    async def claim(self, worker_id: str, n: int = 1) -> list[Claim]:
+        if n < 1:
+            raise InvalidRequestError(f"claim n must be >= 1, got {n}.")
+        check_batch("claim", n)
+        if not worker_id:
+            raise InvalidRequestError("worker_id must be a non-empty string.")
+        async with self._lock:
+            self._expire_locked(now())
+            waiting = sorted(
+                (r for r in self._rollouts.values() if r.status in (RolloutStatus.QUEUED, RolloutStatus.REQUEUED)),
+                key=lambda r: r.seq,
+            )[:n]
+            claims: list[Claim] = []
+            t = now()
+            for rollout in waiting:
+                check_rollout_transition(rollout.id, rollout.status, RolloutStatus.RUNNING)
+                rollout.status = RolloutStatus.RUNNING
+                rollout.attempt_count += 1
+                rollout.updated_at = t
+                attempt = Attempt(
+                    id=new_id("at-"),
+                    rollout_id=rollout.id,
+                    number=rollout.attempt_count,
+                    worker_id=worker_id,
+                    started_at=t,
+                    heartbeat_at=t,
+                    deadline=attempt_deadline(rollout.config, t, t),
+                )
+                self._attempts[attempt.id] = attempt
+                self._attempts_of.setdefault(rollout.id, []).append(attempt.id)
+                claims.append(Claim(rollout=rollout.model_copy(deep=True), attempt=attempt.model_copy()))
+            return claims
+
+    async def heartbeat(self, attempt_id: str) -> Attempt:
+        async with self._lock:
+            attempt = self._get_attempt(attempt_id)
+            self._expire_locked(now())
+            if attempt.status is not AttemptStatus.RUNNING:
+                check_attempt_transition(attempt.id, attempt.status, AttemptStatus.RUNNING)
+            t = now()
+            attempt.heartbeat_at = t
+            attempt.deadline = attempt_deadline(self._rollouts[attempt.rollout_id].config, attempt.started_at, t)
+            return attempt.model_copy()
+
+    async def finish_attempt(
+        self,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        reward: float | None = None,
+    ) -> Rollout:
+        if status not in (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.TIMED_OUT):
+            raise InvalidRequestError(f"finish_attempt status must be succeeded, failed or timed_out, not {status}.")
+        async with self._lock:
+            attempt = self._get_attempt(attempt_id)
+            self._expire_locked(now())
+            self._end_attempt(attempt, status, None, error, reward)
+            self._changed.notify_all()
+            return self._rollouts[attempt.rollout_id].model_copy(deep=True)
+
+    async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        check_batch("cancel", len(rollout_ids))
+        async with self._lock:
+            out: list[Rollout] = []
+            for rid in rollout_ids:
+                rollout = self._get_rollout(rid)
+                if rollout.status not in TERMINAL_ROLLOUT:
+                    running = self._running_attempt(rid)
+                    if running is not None:
+                        self._end_attempt(running, AttemptStatus.CANCELLED, None, "cancelled", None)
+                    else:
+                        self._set_rollout(rollout, RolloutStatus.CANCELLED, "cancelled")
+                out.append(rollout.model_copy(deep=True))
+            self._changed.notify_all()
+            return out
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        async with self._lock:
+            self._expire_locked(now())
+            return self._get_rollout(rollout_id).model_copy(deep=True)
+
+    async def query_rollouts(
+        self,
+        *,
+        ids: Sequence[str] | None = None,
+        status: Sequence[RolloutStatus] | None = None,
+        group_id: str | None = None,
+        mode: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        check_page(limit, offset)
+        async with self._lock:
+            self._expire_locked(now())
+            idset = set(ids) if ids is not None else None
+            stset = set(status) if status is not None else None
+            rows = [
+                r
+                for r in sorted(self._rollouts.values(), key=lambda r: r.seq)
+                if (idset is None or r.id in idset)
+                and (stset is None or r.status in stset)
+                and (group_id is None or r.group_id == group_id)
+                and (mode is None or r.mode == mode)
+            ]
+            return [r.model_copy(deep=True) for r in rows[offset : offset + limit]]
+
+    async def wait_for_rollouts(self, ids: Sequence[str], timeout_s: float) -> list[Rollout]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_s, 0.0)
+        async with self._lock:
+            while True:
+                self._expire_locked(now())
+                ended = [self._rollouts[i] for i in ids if i in self._rollouts and self._rollouts[i].status in TERMINAL_ROLLOUT]
+                remaining = deadline - loop.time()
+                if len(ended) == len(ids) or remaining <= 0:
+                    return [r.model_copy(deep=True) for r in ended]
+                # Wake at least every 0.5 s so store-enforced timeouts are noticed without traffic.
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.5))
+                except TimeoutError:
+                    pass
+
+    # --- attempts ---------------------------------------------------------------------------
+    async def get_attempt(self, attempt_id: str) -> Attempt:
+        async with self._lock:
+            self._expire_locked(now())
+            return self._get_attempt(attempt_id).model_copy()
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        async with self._lock:
+            self._expire_locked(now())
+            self._get_rollout(rollout_id)
+            return [self._attempts[a].model_copy() for a in self._attempts_of.get(rollout_id, [])]
+
+    # --- spans ------------------------------------------------------------------------------
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        check_batch("add_spans", len(spans))
+        async with self._lock:
+            for span in spans:
+                self._check_span_target(span)
+            new = 0
+            for span in spans:
+                key = (span.trace_id, span.span_id)
+                if key in self._spans:
+                    continue
+                seq = self._span_seq.get(span.attempt_id, 0) + 1
+                self._span_seq[span.attempt_id] = seq
+                self._spans[key] = span.model_copy(deep=True, update={"seq": seq})
+                new += 1
+            return new
+
+    async def query_spans(
+        self,
+        *,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+        name: str | None = None,
+        limit: int = 10_000,
+        offset: int = 0,
+    ) -> list[Span]:
+        check_page(limit, offset)
+        async with self._lock:
+            rows = [
+                s
+                for s in self._spans.values()
+                if (rollout_id is None or s.rollout_id == rollout_id)
+                and (attempt_id is None or s.attempt_id == attempt_id)
+                and (name is None or s.name == name)
+            ]
+            order = {aid: i for i, aid in enumerate(self._attempts)}
+            rows.sort(key=lambda s: (order.get(s.attempt_id, -1), s.seq))
+            return [s.model_copy(deep=True) for s in rows[offset : offset + limit]]
+
+    # --- resources --------------------------------------------------------------------------
+    async def add_resources(
+        self,
+        *,
+        llm: LLMResource | None = None,
+        prompts: dict[str, str] | None = None,
+        extra: dict[str, object] | None = None,
+    ) -> Resources:
+        async with self._lock:
+            res = Resources(version=len(self._resources) + 1, llm=llm, prompts=prompts or {}, extra=extra or {})
+            self._resources.append(res)
+            return res.model_copy(deep=True)
+
+    async def get_resources(self, version: int | None = None) -> Resources:
+        async with self._lock:
+            if not self._resources:
+                raise NotFoundError("no resources published yet; call add_resources first.")
+            if version is None:
+                return self._resources[-1].model_copy(deep=True)
+            if not 1 <= version <= len(self._resources):
+                raise NotFoundError(f"resources version {version} does not exist (latest is {len(self._resources)}).")
+            return self._resources[version - 1].model_copy(deep=True)
+
+    # --- housekeeping -----------------------------------------------------------------------
+    async def expire(self, now_: float | None = None) -> int:
+        async with self._lock:
+            n = self._expire_locked(now_ if now_ is not None else now())
+            if n:
+                self._changed.notify_all()
+            return n
+
+    async def prune(self, older_than: float) -> int:
+        async with self._lock:
+            doomed = [
+                r.id
+                for r in self._rollouts.values()
+                if r.status in TERMINAL_ROLLOUT and r.ended_at is not None and r.ended_at < older_than
+            ]
+            gone = set(doomed)
+            for rid in doomed:
+                del self._rollouts[rid]
+                for aid in self._attempts_of.pop(rid, []):
+                    self._attempts.pop(aid, None)
+                    self._span_seq.pop(aid, None)
+            self._spans = {k: s for k, s in self._spans.items() if s.rollout_id not in gone}
+            return len(doomed)
+
+    async def stats(self) -> StoreStats:
+        async with self._lock:
+            self._expire_locked(now())
+            rs: dict[str, int] = {}
+            for r in self._rollouts.values():
+                rs[r.status.value] = rs.get(r.status.value, 0) + 1
+            ats: dict[str, int] = {}
+            for a in self._attempts.values():
+                ats[a.status.value] = ats.get(a.status.value, 0) + 1
+            return StoreStats(
+                rollouts_by_status=rs,
+                attempts_by_status=ats,
+                spans=len(self._spans),
+                resources_versions=len(self._resources),
+            )
+
+    async def close(self) -> None:
+        return None
+
+    # --- internals (lock held) --------------------------------------------------------------
+    def _get_rollout(self, rollout_id: str) -> Rollout:
+        try:
+            return self._rollouts[rollout_id]
+        except KeyError:
+            raise NotFoundError(f"rollout {rollout_id} does not exist.") from None
+
+    def _get_attempt(self, attempt_id: str) -> Attempt:
+        try:
+            return self._attempts[attempt_id]
+        except KeyError:
+            raise NotFoundError(f"attempt {attempt_id} does not exist.") from None
+
+    def _running_attempt(self, rollout_id: str) -> Attempt | None:
+        for aid in reversed(self._attempts_of.get(rollout_id, [])):
+            if self._attempts[aid].status is AttemptStatus.RUNNING:
+                return self._attempts[aid]
+        return None
+
+    def _check_span_target(self, span: Span) -> None:
+        attempt = self._attempts.get(span.attempt_id)
+        if attempt is None or attempt.rollout_id != span.rollout_id:
+            raise NotFoundError(
+                f"span {span.span_id} names attempt {span.attempt_id} of rollout {span.rollout_id}, "
+                "which does not exist; spans must belong to a claimed attempt."
+            )
+
+    def _set_rollout(self, rollout: Rollout, status: RolloutStatus, error: str | None) -> None:
+        check_rollout_transition(rollout.id, rollout.status, status)
+        t = now()
+        rollout.status = status
+        rollout.updated_at = t
+        rollout.error = error
+        if status in TERMINAL_ROLLOUT:
+            rollout.ended_at = t
+
+    def _end_attempt(
+        self,
+        attempt: Attempt,
+        status: AttemptStatus,
+        reason: RetryReason | None,
+        error: str | None,
+        reward: float | None,
+    ) -> None:
+        check_attempt_transition(attempt.id, attempt.status, status)
+        rollout = self._rollouts[attempt.rollout_id]
+        outcome = attempt_outcome(rollout, status, reason, error)
+        self._set_rollout(rollout, outcome.rollout_status, outcome.error)
+        attempt.status = status
+        attempt.ended_at = now()
+        attempt.error = error
+        attempt.reward = reward
+        attempt.deadline = None
+        if status is AttemptStatus.SUCCEEDED:
+            rollout.final_reward = reward
+
+    def _expire_locked(self, t: float) -> int:
+        expired = [
+            a for a in self._attempts.values() if a.status is AttemptStatus.RUNNING and a.deadline is not None and a.deadline <= t
+        ]
+        for attempt in expired:
+            reason, message = expiry_reason(self._rollouts[attempt.rollout_id].config, attempt, t)
+            self._end_attempt(attempt, AttemptStatus.TIMED_OUT, reason, message, None)
+        return len(expired)
