@@ -1,0 +1,182 @@
+"""Spans of one attempt -> ordered transitions, one per LLM call of a trainable role.
+
+The gateway's ``llm.call`` spans carry the exact token ids, so a transition is never rebuilt from
+text. Roles come from the span itself (the gateway saw an ``X-Lightning-Role`` header or a
+role-specific URL) or from a plugin span joined on the response id — never from timestamps.
+
+Signals for automatic intermediate rewards (AIR) come from ``lightning.signal`` spans and from
+plugin ``tool`` spans; each attaches to the call whose response requested that tool (joined on
+the tool-call id), or, when the framework gave no id, to the latest earlier call of the same role.
+Signals are attached before untrainable calls are dropped, so a tool requested by an untrainable
+role never leaks reward onto a trainable one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_rl import semconv
+from lightning_rl.roles import RoleSelector, RoleSpec
+from lightning_rl.types import Rollout, Span, Transition
+
+__all__ = ["Signal", "AIRPolicy", "AdaptedAttempt", "adapt_attempt", "final_reward"]
+
+log = logging.getLogger(__name__)
+
+AIRPolicy = Mapping[str, float | Callable[["Signal"], float]]
+"""Signal name -> intermediate reward: a constant weight times the signal's value (tool events have
+value 1, so ``{"tool_error": -0.1}`` costs 0.1 per failed tool call) or a function of the signal
+(``{"sql_rows": lambda s: 0.1 * min(s.value, 1)}``). Signals the policy does not name contribute nothing."""
+
+
+@dataclass(frozen=True)
+class Signal:
+    """An intermediate-reward input observed during the attempt."""
+
+    name: str
+    value: float
+    tool_call_id: str | None
+    role: str | None
+    order: int
+    span_id: str
+
+
+@dataclass
+class AdaptedAttempt:
+    """Transitions of one attempt plus what the adapter noticed, for metrics."""
+
+    transitions: list[Transition]
+    signals: list[Signal]
+    n_calls: int = 0
+    n_untrainable: int = 0
+    n_inexact: int = 0
+    n_truncated: int = 0
+    unattached_signals: list[Signal] = field(default_factory=list[Signal])
+
+
+def final_reward(rollout: Rollout, spans: Sequence[Span]) -> float | None:
+    """The rollout's reward: what the attempt reported, else the last ``emit_reward`` span."""
+    if rollout.final_reward is not None:
+        return rollout.final_reward
+    rewards = [s for s in spans if s.name == semconv.SPAN_REWARD and semconv.REWARD_VALUE in s.attributes]
+    if not rewards:
+        return None
+    return float(max(rewards, key=lambda s: (s.start_ns, s.seq)).attributes[semconv.REWARD_VALUE])
+
+
+def _ints(value: Any, what: str, span: Span) -> list[int]:
+    if not isinstance(value, list):
+        raise ValueError(f"llm.call span {span.span_id} has no {what} list; was it recorded by the Lightning gateway?")
+    return [int(v) for v in value]  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+
+
+def _tool_call_ids(span: Span) -> list[str]:
+    raw = span.attributes.get(semconv.TOOL_CALLS)
+    if not raw:
+        return []
+    calls: Any = json.loads(raw) if isinstance(raw, str) else raw
+    return [str(c["id"]) for c in calls if isinstance(c, dict) and c.get("id")]  # pyright: ignore[reportUnknownVariableType]
+
+
+def _signals(spans: Sequence[Span]) -> list[Signal]:
+    out: list[Signal] = []
+    for order, span in enumerate(spans):
+        attrs = span.attributes
+        call_id = attrs.get(semconv.GEN_AI_TOOL_CALL_ID)
+        role = attrs.get(semconv.ROLE)
+        if span.name == semconv.SPAN_SIGNAL and semconv.SIGNAL_NAME in attrs:
+            value = float(attrs.get(semconv.SIGNAL_VALUE, 1.0))
+            out.append(Signal(str(attrs[semconv.SIGNAL_NAME]), value, call_id, role, order, span.span_id))
+        elif span.name == semconv.SPAN_TOOL:
+            failed = span.status.code == "error" or attrs.get(semconv.TOOL_STATUS) == "error"
+            name = "tool_error" if failed else "tool_success"
+            out.append(Signal(name, 1.0, call_id, role, order, span.span_id))
+    return out
+
+
+def adapt_attempt(
+    rollout: Rollout,
+    attempt_id: str,
+    spans: Sequence[Span],
+    *,
+    trainable: RoleSpec | RoleSelector = None,
+    air: AIRPolicy | None = None,
+) -> AdaptedAttempt:
+    """Turn one attempt's spans into transitions (``reward`` = the AIR reward attached to each).
+
+    ``spans`` must be the attempt's spans in store order; other attempts' spans are ignored.
+    """
+    selector = RoleSelector.of(trainable)
+    own = sorted((s for s in spans if s.attempt_id == attempt_id), key=lambda s: s.seq)
+    role_by_response: dict[str, str] = {}
+    for span in own:
+        rid = span.attributes.get(semconv.GEN_AI_RESPONSE_ID)
+        role = span.attributes.get(semconv.ROLE)
+        if span.name != semconv.SPAN_LLM_CALL and rid and role:
+            role_by_response[str(rid)] = str(role)
+
+    calls = sorted((s for s in own if s.name == semconv.SPAN_LLM_CALL), key=lambda s: (s.start_ns, s.seq))
+    transitions: list[Transition] = []
+    orders: list[int] = []
+    order_of = {s.span_id: i for i, s in enumerate(own)}
+    result = AdaptedAttempt(transitions=[], signals=_signals(own))
+    for step, span in enumerate(calls):
+        attrs = span.attributes
+        role = attrs.get(semconv.ROLE) or role_by_response.get(str(attrs.get(semconv.GEN_AI_RESPONSE_ID, "")))
+        finish = attrs.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
+        finish_list: list[Any] = finish if isinstance(finish, list) else [finish]  # pyright: ignore[reportUnknownVariableType]
+        logprobs = attrs.get(semconv.RESPONSE_LOGPROBS)
+        transitions.append(
+            Transition(
+                prompt_ids=_ints(attrs.get(semconv.PROMPT_TOKEN_IDS), "prompt token id", span),
+                response_ids=_ints(attrs.get(semconv.RESPONSE_TOKEN_IDS), "response token id", span),
+                response_logprobs=[float(x) for x in logprobs] if isinstance(logprobs, list) else None,  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+                model_version=attrs.get(semconv.MODEL_VERSION),
+                role=str(role) if role is not None else None,
+                exact_tokens=bool(attrs.get(semconv.TOKENS_EXACT, True)),
+                truncated="length" in finish_list,
+                rollout_id=rollout.id,
+                attempt_id=attempt_id,
+                task_id=rollout.task.id,
+                group_id=rollout.group_id,
+                step_index=step,
+                span_id=span.span_id,
+                tool_call_ids=_tool_call_ids(span),
+            )
+        )
+        orders.append(order_of[span.span_id])
+    result.n_calls = len(transitions)
+
+    # AIR: attach each signal to the call that requested its tool, then weigh it by the policy.
+    by_call_id = {cid: i for i, t in enumerate(transitions) for cid in t.tool_call_ids}
+    policy = air or {}
+    for signal in result.signals:
+        index = by_call_id.get(signal.tool_call_id) if signal.tool_call_id else None
+        if index is None:
+            earlier = [
+                i
+                for i, t in enumerate(transitions)
+                if orders[i] < signal.order and (signal.role is None or t.role == signal.role)
+            ]
+            index = earlier[-1] if earlier else None
+        if index is None:
+            result.unattached_signals.append(signal)
+            continue
+        weight = policy.get(signal.name)
+        if weight is None:
+            continue
+        reward = weight(signal) if callable(weight) else weight * signal.value
+        transitions[index].reward += float(reward)
+
+    kept = [t for t in transitions if selector(t.role)]
+    result.n_untrainable = len(transitions) - len(kept)
+    for i, t in enumerate(kept):
+        t.step_index = i
+    result.transitions = kept
+    result.n_inexact = sum(not t.exact_tokens for t in kept)
+    result.n_truncated = sum(t.truncated for t in kept)
+    return result

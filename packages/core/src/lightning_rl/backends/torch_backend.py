@@ -1,0 +1,410 @@
+"""The embedded policy backend: one process, CPU or one GPU, plain torch.
+
+``update(transitions)`` runs PPO-clip / GRPO on independent transitions: micro-batches packed by a
+token budget, gradients accumulated with per-token weights so the result does not depend on how
+the batch was split, one optimizer step per mini-batch, gradient clipping, optional KL to a frozen
+reference and optional LoRA. ``publish()`` pushes the new weights to the inference engine and
+returns the new model version; every transition records the version that produced it.
+
+Logprobs are always those of the sampling distribution (temperature, top-p) computed by
+``lightning_rl.engine.logprobs.sampled_logprobs`` — the same function the engine samples with.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_rl.backends.losses import LossAggregation, ppo_clip_loss, sft_loss, token_weights
+from lightning_rl.engine.logprobs import sampled_logprobs
+from lightning_rl.types import Transition
+
+__all__ = ["TorchBackendConfig", "TorchBackend", "MicroBatch", "pack_micro_batches"]
+
+log = logging.getLogger(__name__)
+
+Publisher = Callable[[Mapping[str, torch.Tensor], int], Awaitable[None]]
+"""Receives the new state dict and version (e.g. ``engine.load_weights``)."""
+
+
+@dataclass
+class TorchBackendConfig:
+    """Settings of the torch policy backend. Defaults suit a small model on CPU."""
+
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 disables)."""
+    clip_low: float = 0.2
+    """PPO ratio clip below: ``1 - clip_low``."""
+    clip_high: float = 0.2
+    """PPO ratio clip above: ``1 + clip_high`` (raise it for the asymmetric 'clip-higher' variant)."""
+    loss_aggregation: LossAggregation = "token"
+    """How token losses are averaged: per token, per transition, or per rollout."""
+    old_logprobs: str = "sampled"
+    """``sampled``: ratio against the engine's logprobs at sampling time (off-policy aware);
+    ``recompute``: against this model's logprobs before the update."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to a frozen copy of the initial model (0 = no reference kept)."""
+    ppo_epochs: int = 1
+    """Passes over the batch per update."""
+    mini_batches: int = 1
+    """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
+    micro_batch_tokens: int = 16_384
+    """Padded tokens per forward pass; bounds memory."""
+    temperature: float = 1.0
+    """Sampling temperature of the engine; logprobs are computed under the same distribution."""
+    top_p: float = 1.0
+    device: str = "cpu"
+    dtype: str = "float32"
+    """Parameter dtype (``bfloat16`` on GPU); logprobs are always computed in float32."""
+    lora_rank: int = 0
+    """0 trains all weights; > 0 trains LoRA adapters of that rank (needs ``peft``)."""
+    lora_alpha: int = 16
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.old_logprobs not in ("sampled", "recompute"):
+            raise ValueError(f"old_logprobs must be 'sampled' or 'recompute', got {self.old_logprobs!r}.")
+        if self.ppo_epochs < 1 or self.mini_batches < 1:
+            raise ValueError("ppo_epochs and mini_batches must be >= 1.")
+        if self.micro_batch_tokens < 1:
+            raise ValueError("micro_batch_tokens must be >= 1.")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise ValueError("clip_low must be in [0, 1) and clip_high >= 0.")
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded sequences (prompt + response) and per-response-token tensors, flattened."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    prompt_lens: list[int]
+    response_lens: list[int]
+    indices: list[int]  # positions in the mini-batch
+    n_tokens: int
+
+
+def pack_micro_batches(
+    seqs: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int, pad_id: int
+) -> list[MicroBatch]:
+    """Group (prompt, response) pairs into right-padded micro-batches of at most ``budget`` padded tokens.
+
+    Sequences are sorted by length first so padding stays small; a sequence longer than the budget
+    gets a micro-batch of its own (never truncated)."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        n = len(seqs[i][0]) + len(seqs[i][1])
+        if current and max(longest, n) * (len(current) + 1) > budget:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        groups.append(current)
+    out: list[MicroBatch] = []
+    for idx in groups:
+        width = max(len(seqs[i][0]) + len(seqs[i][1]) for i in idx)
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            full = list(seqs[i][0]) + list(seqs[i][1])
+            ids[row, : len(full)] = torch.tensor(full, dtype=torch.long)
+            mask[row, : len(full)] = 1
+        out.append(
+            MicroBatch(
+                input_ids=ids,
+                attention_mask=mask,
+                prompt_lens=[len(seqs[i][0]) for i in idx],
+                response_lens=[len(seqs[i][1]) for i in idx],
+                indices=idx,
+                n_tokens=len(idx) * width,
+            )
+        )
+    return out
+
+
+class TorchBackend:
+    """A trainable causal LM plus its optimizer (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TorchBackendConfig | None = None,
+        *,
+        pad_token_id: int = 0,
+        publisher: Publisher | None = None,
+        version: int = 1,
+    ) -> None:
+        self.config = cfg = config or TorchBackendConfig()
+        torch.manual_seed(cfg.seed)
+        self.device = torch.device(cfg.device)
+        dtype = getattr(torch, cfg.dtype)
+        model = model.to(device=self.device, dtype=dtype)
+        self.reference: torch.nn.Module | None = None
+        if cfg.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if cfg.lora_rank > 0:
+            model = _wrap_lora(model, cfg)
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.publisher = publisher
+        self.version = version
+        self.step = 0
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+    # --- forward ------------------------------------------------------------------------------
+    def _response_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """Flat logprobs of every response token of the micro-batch, in row order, float32."""
+        ids = mb.input_ids.to(self.device)
+        out = model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device))
+        logits: torch.Tensor = out.logits
+        pieces: list[torch.Tensor] = []
+        for row, (p, r) in enumerate(zip(mb.prompt_lens, mb.response_lens, strict=True)):
+            # logits at position j predict token j + 1
+            step_logits = logits[row, p - 1 : p + r - 1].float()
+            targets = ids[row, p : p + r]
+            pieces.append(sampled_logprobs(step_logits, targets, self.config.temperature, self.config.top_p))
+        return torch.cat(pieces)
+
+    def logprobs(self, transitions: Sequence[Transition]) -> list[list[float]]:
+        """This model's logprobs of each transition's response (no gradient), for checks and parity tests."""
+        seqs = [(t.prompt_ids, t.response_ids) for t in transitions]
+        out: list[list[float]] = [[] for _ in transitions]
+        with torch.no_grad():
+            for mb in pack_micro_batches(seqs, self.config.micro_batch_tokens, self.pad_token_id):
+                flat = self._response_logprobs(self.model, mb).cpu().tolist()
+                offset = 0
+                for i, r in zip(mb.indices, mb.response_lens, strict=True):
+                    out[i] = flat[offset : offset + r]
+                    offset += r
+        return out
+
+    # --- update -------------------------------------------------------------------------------
+    def update(self, transitions: Sequence[Transition]) -> dict[str, float]:
+        """One policy update on transitions carrying advantages; returns metrics."""
+        cfg = self.config
+        usable = [t for t in transitions if t.response_ids and t.prompt_ids]
+        if not usable:
+            raise ValueError("update() got no transition with both prompt and response tokens.")
+        if cfg.old_logprobs == "sampled" and any(t.response_logprobs is None for t in usable):
+            raise ValueError(
+                "old_logprobs='sampled' needs the engine's sampled logprobs on every transition; "
+                "record them at the gateway or use old_logprobs='recompute'."
+            )
+        started = time.perf_counter()
+        self.model.train()
+        old = self.logprobs(usable) if cfg.old_logprobs == "recompute" else [list(t.response_logprobs or []) for t in usable]
+        for t, o in zip(usable, old, strict=True):
+            if len(o) != len(t.response_ids):
+                raise ValueError(
+                    f"transition {t.span_id}: {len(o)} logprobs for {len(t.response_ids)} response tokens."
+                )
+        ref = self._reference_logprobs(usable)
+        totals: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0}
+        grad_norms: list[float] = []
+        n_steps = 0
+        rng = random.Random(cfg.seed + self.step)
+        for _ in range(cfg.ppo_epochs):
+            order = list(range(len(usable)))
+            rng.shuffle(order)
+            for chunk in _split(order, cfg.mini_batches):
+                batch = [usable[i] for i in chunk]
+                weights = token_weights(
+                    [len(t.response_ids) for t in batch], [t.rollout_id for t in batch], cfg.loss_aggregation
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                seqs = [(t.prompt_ids, t.response_ids) for t in batch]
+                for mb in pack_micro_batches(seqs, cfg.micro_batch_tokens, self.pad_token_id):
+                    rows = [chunk[i] for i in mb.indices]
+                    logp = self._response_logprobs(self.model, mb)
+                    flat = _flat(
+                        [old[r] for r in rows],
+                        [[usable[r].advantage] * len(usable[r].response_ids) for r in rows],
+                        [[weights[i]] * mb.response_lens[k] for k, i in enumerate(mb.indices)],
+                        [ref[r] for r in rows] if ref is not None else None,
+                        self.device,
+                    )
+                    terms = ppo_clip_loss(
+                        logp,
+                        flat["old"],
+                        flat["adv"],
+                        flat["w"],
+                        clip_low=cfg.clip_low,
+                        clip_high=cfg.clip_high,
+                        ref_logprobs=flat.get("ref"),
+                        kl_coef=cfg.kl_coef,
+                    )
+                    terms.loss.backward()  # pyright: ignore[reportUnknownMemberType]
+                    for key in totals:
+                        totals[key] += float(getattr(terms, key).detach()) / (cfg.ppo_epochs * cfg.mini_batches)
+                grad_norms.append(self._clip_and_step())
+                n_steps += 1
+        self.step += 1
+        elapsed = time.perf_counter() - started
+        n_tokens = sum(len(t.response_ids) for t in usable)
+        return {
+            **{f"train/{k}": v for k, v in totals.items()},
+            "train/grad_norm": sum(grad_norms) / len(grad_norms),
+            "train/optimizer_steps": float(n_steps),
+            "train/update_s": elapsed,
+            "train/update_tokens_per_s": n_tokens * cfg.ppo_epochs / elapsed if elapsed > 0 else 0.0,
+        }
+
+    def sft(self, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int, batch_size: int) -> list[float]:
+        """Supervised warm-start on (prompt ids, response ids) pairs; returns the loss per step."""
+        if not examples:
+            raise ValueError("sft() needs at least one example.")
+        rng = random.Random(self.config.seed)
+        losses: list[float] = []
+        self.model.train()
+        for _ in range(steps):
+            batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+            weights = token_weights([len(r) for _, r in batch], [str(i) for i in range(len(batch))], "token")
+            self.optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for mb in pack_micro_batches(batch, self.config.micro_batch_tokens, self.pad_token_id):
+                logp = self._response_logprobs(self.model, mb)
+                w = torch.tensor(
+                    [weights[i] for k, i in enumerate(mb.indices) for _ in range(mb.response_lens[k])],
+                    device=self.device,
+                )
+                loss = sft_loss(logp, w)
+                loss.backward()  # pyright: ignore[reportUnknownMemberType]
+                total += float(loss.detach())
+            self._clip_and_step()
+            losses.append(total)
+        return losses
+
+    # --- weights ------------------------------------------------------------------------------
+    def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
+        """Full weights under the base model's parameter names (LoRA merged), detached copies on CPU."""
+        model = self.model
+        if self.config.lora_rank > 0:
+            return _merged_lora_state(model)
+        return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    async def publish(self) -> int:
+        """Send the current weights to the inference engine; returns the new model version."""
+        self.version += 1
+        if self.publisher is not None:
+            await self.publisher(self.state_dict_for_inference(), self.version)
+        return self.version
+
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """Weights, optimizer state, step and version, enough to resume exactly."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "step": self.step,
+                "version": self.version,
+                "config": asdict(self.config),
+                "torch_rng": torch.get_rng_state(),
+            },
+            path / "policy.pt",
+        )
+        return path / "policy.pt"
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        path = Path(directory) / "policy.pt"
+        if not path.exists():
+            raise FileNotFoundError(f"no checkpoint at {path}; pass the folder a previous run saved.")
+        state: dict[str, Any] = torch.load(path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["torch_rng"])
+
+    # --- internals ----------------------------------------------------------------------------
+    def _reference_logprobs(self, transitions: Sequence[Transition]) -> list[list[float]] | None:
+        if self.reference is None:
+            return None
+        seqs = [(t.prompt_ids, t.response_ids) for t in transitions]
+        out: list[list[float]] = [[] for _ in transitions]
+        with torch.no_grad():
+            for mb in pack_micro_batches(seqs, self.config.micro_batch_tokens, self.pad_token_id):
+                flat = self._response_logprobs(self.reference, mb).cpu().tolist()
+                offset = 0
+                for i, r in zip(mb.indices, mb.response_lens, strict=True):
+                    out[i] = flat[offset : offset + r]
+                    offset += r
+        return out
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.config.max_grad_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        else:
+            norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        else:
+            log.warning("skipping optimizer step: gradient norm is %s", norm)
+        return norm
+
+
+def _split(order: list[int], parts: int) -> Iterator[list[int]]:
+    size = math.ceil(len(order) / parts)
+    for start in range(0, len(order), size):
+        yield order[start : start + size]
+
+
+def _flat(
+    old: list[list[float]],
+    adv: list[list[float]],
+    w: list[list[float]],
+    ref: list[list[float]] | None,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    def cat(rows: list[list[float]]) -> torch.Tensor:
+        return torch.tensor([x for row in rows for x in row], dtype=torch.float32, device=device)
+
+    out = {"old": cat(old), "adv": cat(adv), "w": cat(w)}
+    if ref is not None:
+        out["ref"] = cat(ref)
+    return out
+
+
+def _wrap_lora(model: torch.nn.Module, cfg: TorchBackendConfig) -> torch.nn.Module:
+    try:
+        from peft import LoraConfig, get_peft_model  # pyright: ignore[reportMissingImports]
+    except ImportError as exc:
+        raise ImportError("LoRA needs peft: pip install 'lightning-rl[lora]'") from exc
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_targets, lora_dropout=0.0)
+    return get_peft_model(model, lora)  # pyright: ignore[reportUnknownVariableType]
+
+
+def _merged_lora_state(model: Any) -> dict[str, torch.Tensor]:
+    """Merge the adapters into a copy of the base weights, named as the base model names them."""
+    model.merge_adapter()
+    try:
+        state: dict[str, torch.Tensor] = model.get_base_model().state_dict()
+        out: dict[str, torch.Tensor] = {}
+        for key, value in state.items():
+            if "lora_" in key:
+                continue
+            out[key.replace(".base_layer.", ".")] = value.detach().to("cpu", copy=True)
+        return out
+    finally:
+        model.unmerge_adapter()

@@ -1,0 +1,597 @@
+"""What the gateway serves from: the embedded engine or an upstream OpenAI-compatible server.
+
+Both backends answer the same small interface in the same neutral shapes (``CallSpec`` in,
+``CallResult`` or a stream of ``StreamPiece`` out), so the gateway formats every API (chat
+completions, completions, responses) and records every call the same way whatever served it.
+
+- ``EngineBackend`` renders the chat template, generates with an ``InferenceEngine`` and reports
+  the exact token ids and sampling logprobs: tokens are always exact.
+- ``UpstreamBackend`` forwards to an OpenAI-compatible server and asks for vLLM's
+  ``return_token_ids`` and for logprobs; when the upstream returns ids they are recorded as exact,
+  otherwise only text is recorded and the call is marked inexact (nothing is re-tokenised).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
+
+import httpx
+
+from lightning_rl.engine.base import InferenceEngine, ParsedToolCall, SamplingParams, StreamDelta
+from lightning_rl.errors import InvalidRequestError
+from lightning_rl.gateway.protocol import GatewayHTTPError
+
+__all__ = [
+    "CallSpec",
+    "ChoiceResult",
+    "CallResult",
+    "StreamPiece",
+    "GatewayBackend",
+    "EngineBackend",
+    "UpstreamBackend",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Neutral shapes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CallSpec:
+    """One model call, whatever API it came through.
+
+    ``messages``/``tools`` are set for chat calls, ``prompt`` (text or token ids) for completions.
+    ``body`` is the client's JSON, forwarded (adjusted) in upstream mode.
+    """
+
+    api: Literal["chat", "completion"]
+    params: SamplingParams
+    n: int = 1
+    max_tokens_requested: int | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    prompt: str | list[int] | None = None
+    want_logprobs: bool = False
+    body: dict[str, Any] = field(default_factory=dict[str, Any])
+
+    @property
+    def parse_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """One finished choice. ``text`` is everything generated (tool-call syntax included);
+    ``content`` is what the client sees as the message content."""
+
+    index: int
+    text: str
+    content: str | None
+    finish_reason: str
+    tool_calls: list[ParsedToolCall] = field(default_factory=list[ParsedToolCall])
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    logprob_entries: list[dict[str, Any]] | None = None
+    model_version: int | None = None
+    parse_error: str | None = None
+
+
+@dataclass(slots=True)
+class CallResult:
+    prompt_ids: list[int] | None
+    choices: list[ChoiceResult]
+    tokens_exact: bool
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class StreamPiece:
+    """A piece of a streamed choice; the choice's last piece has ``finish_reason`` set.
+
+    ``text`` is the content delta shown to the client; ``raw_text`` the generated text it came
+    from when they differ (a buffered tool call). ``tool_call_deltas`` are OpenAI delta objects.
+    """
+
+    index: int
+    text: str = ""
+    raw_text: str | None = None
+    token_ids: list[int] = field(default_factory=list[int])
+    logprobs: list[float] = field(default_factory=list[float])
+    logprob_entries: list[dict[str, Any]] | None = None
+    tool_call_deltas: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+    model_version: int | None = None
+    prompt_ids: list[int] | None = None
+    parse_error: str | None = None
+    usage: dict[str, Any] | None = None
+    tokens_exact: bool = True
+
+
+class GatewayBackend(Protocol):
+    """What the gateway app needs from a backend."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def version(self) -> int | None: ...
+
+    async def start(self) -> None: ...
+
+    async def run(self, spec: CallSpec) -> CallResult: ...
+
+    def stream(self, spec: CallSpec) -> AsyncIterator[StreamPiece]: ...
+
+    async def load_weights(self, path: str | None, version: int) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def _tool_call_deltas(calls: Sequence[ParsedToolCall]) -> list[dict[str, Any]]:
+    return [
+        {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for i, c in enumerate(calls)
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Embedded engine
+# --------------------------------------------------------------------------------------------
+
+
+class EngineBackend:
+    """Serve an ``InferenceEngine`` in-process (exact tokens, per-token sampling logprobs)."""
+
+    def __init__(self, engine: InferenceEngine) -> None:
+        self.engine = engine
+        self._token_text: dict[int, str] = {}
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def version(self) -> int | None:
+        return self.engine.version
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        close = getattr(self.engine, "aclose", None)
+        if close is not None:
+            await close()
+
+    async def load_weights(self, path: str | None, version: int) -> None:
+        if path is None:
+            raise InvalidRequestError("the embedded engine needs 'path': a state dict saved with torch.save.")
+        import torch
+
+        state: Mapping[str, Any] = await asyncio.to_thread(torch.load, path, map_location="cpu", weights_only=True)
+        await self.engine.load_weights(state, version)
+
+    # --- preparing a call -------------------------------------------------------------------
+    def _prompt_ids(self, spec: CallSpec) -> list[int]:
+        if spec.api == "chat":
+            assert spec.messages is not None
+            try:
+                return self.engine.encode_chat(spec.messages, spec.tools or None)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise InvalidRequestError(f"could not render the messages with the chat template: {exc}") from exc
+            except Exception as exc:  # jinja2 errors (raise_exception in a template) and the like
+                raise InvalidRequestError(f"could not render the messages with the chat template: {exc}") from exc
+        if isinstance(spec.prompt, str):
+            return self.engine.encode_text(spec.prompt)
+        assert spec.prompt is not None
+        return list(spec.prompt)
+
+    def _params(self, spec: CallSpec, prompt_len: int) -> SamplingParams:
+        context = self.engine.max_context
+        if prompt_len >= context:
+            raise GatewayHTTPError(
+                400,
+                f"the prompt is {prompt_len} tokens long but the model's context is {context} tokens; "
+                "shorten the conversation (leave room for the completion).",
+                param="messages" if spec.api == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        room = context - prompt_len
+        max_tokens = min(spec.params.max_tokens, room)
+        return replace(spec.params, max_tokens=max_tokens)
+
+    def _token_entry(self, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.engine.decode([token_id])
+            if len(self._token_text) < 200_000:
+                self._token_text[token_id] = text
+        entry: dict[str, Any] = {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        entry["top_logprobs"] = [self._token_entry(t, lp, None) for t, lp in top] if top else []
+        return entry
+
+    def _entries(
+        self, ids: Sequence[int], logprobs: Sequence[float], top: Sequence[list[tuple[int, float]]] | None
+    ) -> list[dict[str, Any]]:
+        return [self._token_entry(t, lp, top[i] if top else None) for i, (t, lp) in enumerate(zip(ids, logprobs, strict=False))]
+
+    def _finish(self, spec: CallSpec, index: int, text: str, reason: str) -> ChoiceResult:
+        if spec.parse_tools:
+            parsed = self.engine.parse_assistant(text)
+            finish = "tool_calls" if parsed.tool_calls and reason == "stop" else reason
+            return ChoiceResult(index, text, parsed.content, finish, parsed.tool_calls, parse_error=parsed.parse_error)
+        return ChoiceResult(index, text, text, "stop" if reason == "tool_calls" else reason)
+
+    # --- non-streaming ----------------------------------------------------------------------
+    async def run(self, spec: CallSpec) -> CallResult:
+        prompt_ids = self._prompt_ids(spec)
+        params = self._params(spec, len(prompt_ids))
+        outs = await asyncio.gather(*(self.engine.generate(prompt_ids, _seeded(params, i)) for i in range(spec.n)))
+        choices: list[ChoiceResult] = []
+        for i, out in enumerate(outs):
+            choice = self._finish(spec, i, out.text, out.finish_reason)
+            choice.token_ids = out.token_ids
+            choice.logprobs = out.logprobs
+            choice.model_version = out.model_version
+            if spec.want_logprobs:
+                choice.logprob_entries = self._entries(out.token_ids, out.logprobs, out.top_logprobs)
+            choices.append(choice)
+        completion = sum(len(c.token_ids or ()) for c in choices)
+        return CallResult(prompt_ids, choices, True, len(prompt_ids), completion)
+
+    # --- streaming --------------------------------------------------------------------------
+    async def stream(self, spec: CallSpec) -> AsyncIterator[StreamPiece]:
+        prompt_ids = self._prompt_ids(spec)
+        params = self._params(spec, len(prompt_ids))
+        if spec.n == 1:
+            async for piece in self._stream_choice(spec, 0, prompt_ids, params):
+                yield piece
+            return
+        # n > 1: run the choices concurrently (the engine batches them) and interleave their pieces.
+        queue: asyncio.Queue[StreamPiece | BaseException | None] = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            try:
+                async for piece in self._stream_choice(spec, i, prompt_ids, _seeded(params, i)):
+                    queue.put_nowait(piece)
+                queue.put_nowait(None)
+            except Exception as exc:
+                queue.put_nowait(exc)
+
+        tasks = [asyncio.create_task(pump(i)) for i in range(spec.n)]
+        try:
+            done = 0
+            while done < spec.n:
+                item = await queue.get()
+                if item is None:
+                    done += 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stream_choice(
+        self, spec: CallSpec, index: int, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[StreamPiece]:
+        buffer = spec.parse_tools  # tool-call syntax must not leak out as content: hold the text back
+        ids: list[int] = []
+        lps: list[float] = []
+        texts: list[str] = []
+        first = True
+        iterator = self.engine.stream(prompt_ids, params)
+        try:
+            async for delta in iterator:
+                if buffer:
+                    ids += delta.token_ids
+                    lps += delta.logprobs
+                    texts.append(delta.text)
+                    if delta.finish_reason is not None:
+                        yield self._buffered_piece(spec, index, prompt_ids, ids, lps, "".join(texts), delta)
+                    continue
+                yield self._delta_piece(spec, index, prompt_ids if first else None, delta)
+                first = False
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()  # frees the request's batch slot when the client went away
+
+    def _delta_piece(self, spec: CallSpec, index: int, prompt_ids: list[int] | None, d: StreamDelta) -> StreamPiece:
+        reason = d.finish_reason
+        return StreamPiece(
+            index,
+            d.text,
+            token_ids=d.token_ids,
+            logprobs=d.logprobs,
+            logprob_entries=self._entries(d.token_ids, d.logprobs, None) if spec.want_logprobs else None,
+            finish_reason=("stop" if reason == "tool_calls" else reason),
+            model_version=d.model_version,
+            prompt_ids=prompt_ids,
+        )
+
+    def _buffered_piece(
+        self,
+        spec: CallSpec,
+        index: int,
+        prompt_ids: list[int],
+        ids: list[int],
+        lps: list[float],
+        text: str,
+        last: StreamDelta,
+    ) -> StreamPiece:
+        choice = self._finish(spec, index, text, last.finish_reason or "stop")
+        return StreamPiece(
+            index,
+            choice.content or "",
+            raw_text=text,
+            token_ids=ids,
+            logprobs=lps,
+            logprob_entries=self._entries(ids, lps, None) if spec.want_logprobs else None,
+            tool_call_deltas=_tool_call_deltas(choice.tool_calls) or None,
+            finish_reason=choice.finish_reason,
+            model_version=last.model_version,
+            prompt_ids=prompt_ids,
+            parse_error=choice.parse_error,
+        )
+
+
+def _seeded(params: SamplingParams, i: int) -> SamplingParams:
+    """Choice ``i`` of a seeded ``n > 1`` call gets its own seed, so choices differ yet reproduce."""
+    if params.seed is None or i == 0:
+        return params
+    return replace(params, seed=params.seed + i)
+
+
+# --------------------------------------------------------------------------------------------
+# Upstream OpenAI-compatible server
+# --------------------------------------------------------------------------------------------
+
+
+class UpstreamBackend:
+    """Forward calls to an OpenAI-compatible server (vLLM, or any other).
+
+    Args:
+        url: The server's base URL, with or without the trailing ``/v1``.
+        api_key: Sent as a bearer token to the upstream.
+        model: The upstream's model name; by default the first one ``/v1/models`` lists.
+        timeout_s: Longest wait for one upstream call.
+        max_connections: Connection-pool size towards the upstream.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        model: str | None = None,
+        timeout_s: float = 600.0,
+        max_connections: int = 512,
+    ) -> None:
+        base = url.rstrip("/")
+        self.url = base[: -len("/v1")] if base.endswith("/v1") else base
+        self._model = model
+        self._version = 0
+        headers = {"content-type": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self._client = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    @property
+    def model_name(self) -> str:
+        return self._model or "upstream"
+
+    @property
+    def version(self) -> int | None:
+        return self._version
+
+    async def start(self) -> None:
+        if self._model is not None:
+            return
+        try:
+            resp = await self._client.get("/v1/models")
+            resp.raise_for_status()
+            models = resp.json().get("data") or []
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ConnectionError(
+                f"could not list the models of the upstream {self.url} ({exc}); start it or pass its model name."
+            ) from exc
+        if not models:
+            raise ConnectionError(f"the upstream {self.url} serves no model; pass its model name explicitly.")
+        self._model = str(models[0]["id"])
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def load_weights(self, path: str | None, version: int) -> None:
+        # The trainer updates the upstream server's weights itself; the gateway only records the version.
+        self._version = version
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _body(self, spec: CallSpec, stream: bool) -> tuple[str, bytes]:
+        body = dict(spec.body)
+        if self._model is not None:
+            body["model"] = self._model
+        body["return_token_ids"] = True  # vLLM: prompt_token_ids + token_ids, the exact tokens
+        body["stream"] = stream
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        else:
+            body.pop("stream_options", None)
+        if spec.api == "chat":
+            body["logprobs"] = True
+            path = "/v1/chat/completions"
+        else:
+            body["prompt"] = spec.prompt
+            body["n"] = spec.n
+            if not isinstance(body.get("logprobs"), int):
+                body["logprobs"] = 0  # the sampled token's logprob only
+            path = "/v1/completions"
+        return path, json.dumps(body, separators=(",", ":")).encode()
+
+    def _unavailable(self, exc: Exception) -> GatewayHTTPError:
+        return GatewayHTTPError(
+            503,
+            f"the upstream model server {self.url} is unavailable ({type(exc).__name__}: {exc}); retry later.",
+            type="service_unavailable",
+            code="upstream_unavailable",
+        )
+
+    @staticmethod
+    def _upstream_error(status: int, text: str) -> GatewayHTTPError:
+        message = text[:2000]
+        with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+            message = str(json.loads(text)["error"]["message"])
+        if status >= 500:
+            return GatewayHTTPError(502, f"the upstream model server failed: {message}", type="upstream_error")
+        return GatewayHTTPError(status, message)
+
+    # --- non-streaming ----------------------------------------------------------------------
+    async def run(self, spec: CallSpec) -> CallResult:
+        path, content = self._body(spec, stream=False)
+        try:
+            resp = await self._client.post(path, content=content)
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc) from exc
+        if resp.status_code >= 400:
+            raise self._upstream_error(resp.status_code, resp.text)
+        data: dict[str, Any] = resp.json()
+        raw_choices: list[dict[str, Any]] = data.get("choices") or []
+        prompt_ids = data.get("prompt_token_ids")
+        if prompt_ids is None and raw_choices:
+            prompt_ids = raw_choices[0].get("prompt_token_ids")
+        choices = [self._choice(spec, c) for c in raw_choices]
+        exact = prompt_ids is not None and all(c.token_ids is not None for c in choices)
+        usage: dict[str, Any] = data.get("usage") or {}
+        if exact:
+            prompt_tokens: int | None = len(prompt_ids or ())
+            completion_tokens: int | None = sum(len(c.token_ids or ()) for c in choices)
+        else:
+            prompt_tokens = usage.get("prompt_tokens")
+            completion_tokens = usage.get("completion_tokens")
+        return CallResult(prompt_ids, choices, exact, prompt_tokens, completion_tokens)
+
+    def _choice(self, spec: CallSpec, c: dict[str, Any]) -> ChoiceResult:
+        index = int(c.get("index", 0))
+        reason = str(c.get("finish_reason") or "stop")
+        token_ids = c.get("token_ids")
+        if spec.api == "chat":
+            msg: dict[str, Any] = c.get("message") or {}
+            content = msg.get("content")
+            calls = [_parsed_call(tc) for tc in msg.get("tool_calls") or ()]
+            entries = _chat_entries(c.get("logprobs"))
+            text = content or ""
+        else:
+            content = text = str(c.get("text") or "")
+            calls = []
+            entries = _completion_entries(c.get("logprobs"))
+        logprobs = [float(e["logprob"]) for e in entries] if entries is not None else None
+        return ChoiceResult(
+            index,
+            text,
+            content,
+            reason,
+            calls,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            logprob_entries=entries,
+            model_version=self._version,
+        )
+
+    # --- streaming --------------------------------------------------------------------------
+    async def stream(self, spec: CallSpec) -> AsyncIterator[StreamPiece]:
+        path, content = self._body(spec, stream=True)
+        try:
+            async with self._client.stream("POST", path, content=content) as resp:
+                if resp.status_code >= 400:
+                    raise self._upstream_error(resp.status_code, (await resp.aread()).decode(errors="replace"))
+                prompt_ids: list[int] | None = None
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk: dict[str, Any] = json.loads(payload)
+                    if prompt_ids is None:
+                        prompt_ids = chunk.get("prompt_token_ids")
+                    for c in chunk.get("choices") or ():
+                        if prompt_ids is None:
+                            prompt_ids = c.get("prompt_token_ids")
+                        yield self._piece(spec, c, prompt_ids)
+                    if chunk.get("usage") and not chunk.get("choices"):
+                        yield StreamPiece(-1, usage=chunk["usage"], prompt_ids=prompt_ids)
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc) from exc
+
+    def _piece(self, spec: CallSpec, c: dict[str, Any], prompt_ids: list[int] | None) -> StreamPiece:
+        token_ids = c.get("token_ids")
+        if spec.api == "chat":
+            delta: dict[str, Any] = c.get("delta") or {}
+            text = delta.get("content") or ""
+            tool_deltas = delta.get("tool_calls") or None
+            entries = _chat_entries(c.get("logprobs"))
+        else:
+            text = c.get("text") or ""
+            tool_deltas = None
+            entries = _completion_entries(c.get("logprobs"))
+        return StreamPiece(
+            int(c.get("index", 0)),
+            text,
+            token_ids=list(token_ids or ()),
+            logprobs=[float(e["logprob"]) for e in entries] if entries else [],
+            logprob_entries=entries,
+            tool_call_deltas=tool_deltas,
+            finish_reason=c.get("finish_reason"),
+            model_version=self._version,
+            prompt_ids=prompt_ids,
+            tokens_exact=token_ids is not None or not (text or tool_deltas),
+        )
+
+
+def _parsed_call(tc: dict[str, Any]) -> ParsedToolCall:
+    fn: dict[str, Any] = tc.get("function") or {}
+    return ParsedToolCall(str(tc.get("id") or ""), str(fn.get("name") or ""), str(fn.get("arguments") or ""))
+
+
+def _chat_entries(logprobs: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(logprobs, dict):
+        return None
+    content = logprobs.get("content")
+    return content if isinstance(content, list) else None
+
+
+def _completion_entries(logprobs: Any) -> list[dict[str, Any]] | None:
+    """Legacy completions logprobs (parallel lists) as chat-style entries."""
+    if not isinstance(logprobs, dict):
+        return None
+    tokens: list[str] = logprobs.get("tokens") or []
+    values: list[float | None] = logprobs.get("token_logprobs") or []
+    tops: list[dict[str, float] | None] = logprobs.get("top_logprobs") or []
+    out: list[dict[str, Any]] = []
+    for i, (tok, lp) in enumerate(zip(tokens, values, strict=False)):
+        top = tops[i] if i < len(tops) else None
+        out.append(
+            {
+                "token": tok,
+                "logprob": float(lp if lp is not None else 0.0),
+                "bytes": list(tok.encode()),
+                "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in (top or {}).items()],
+            }
+        )
+    return out

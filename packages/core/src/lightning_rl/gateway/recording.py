@@ -1,0 +1,182 @@
+"""Build the ``llm.call`` spans the trainer learns from, and hand them to the ``SpanWriter``.
+
+One span per choice (so ``n > 1`` gives ``n`` transitions), carrying exactly what the engine
+consumed and sampled: prompt ids, response ids, the sampling logprobs, the weights version, the
+parsed tool calls with their ids (AIR joins tool results on them) and the response id (plugins join
+their role spans on it). Spans are built with ``model_construct`` (no validation: every field is
+produced here) and submitted without awaiting the store, so recording costs microseconds.
+
+A call routed to a rollout without an attempt id is resolved to the rollout's running attempt by
+asking the store, in a background task, never on the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_rl import semconv as sc
+from lightning_rl.gateway.backends import CallResult
+from lightning_rl.gateway.protocol import dumps
+from lightning_rl.store.base import LightningStore
+from lightning_rl.store.writer import SpanWriter
+from lightning_rl.types import AttemptStatus, Span, SpanStatus
+
+__all__ = [
+    "CallContext",
+    "CallInfo",
+    "Recorder",
+    "build_llm_spans",
+    "RESPONSE_TEXT",
+    "INPUT_MESSAGES",
+    "API",
+    "STREAM",
+]
+
+_log = logging.getLogger(__name__)
+
+# Attribute names semconv does not define yet (proposed for lightning_rl.semconv).
+RESPONSE_TEXT = "lightning.response_text"
+"""Everything the model generated for the choice, tool-call syntax included (decode of the ids)."""
+INPUT_MESSAGES = "gen_ai.input.messages"
+"""The request's messages (chat/responses) or prompt (completions) as JSON."""
+API = "lightning.api"
+"""Which endpoint served the call: ``chat.completions``, ``completions`` or ``responses``."""
+STREAM = "lightning.stream"
+"""Whether the call was streamed."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """Where a call belongs: from the URL path or the ``X-Lightning-*`` headers."""
+
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    role: str | None = None
+
+    @property
+    def recorded(self) -> bool:
+        return self.rollout_id is not None
+
+
+@dataclass(slots=True)
+class CallInfo:
+    """What the request asked for, recorded next to what the model produced."""
+
+    api: str
+    operation: str
+    request_model: str | None
+    response_model: str
+    response_id: str
+    stream: bool
+    start_ns: int
+    end_ns: int
+    temperature: float
+    top_p: float
+    max_tokens: int | None
+    inputs: Any
+
+
+def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: CallResult) -> list[Span]:
+    """One ``llm.call`` span per choice of ``result``."""
+    assert ctx.rollout_id is not None
+    trace_id = info.response_id.rsplit("-", 1)[-1].rsplit("_", 1)[-1][:32] or os.urandom(16).hex()
+    latency = (info.end_ns - info.start_ns) / 1e9
+    inputs = dumps(info.inputs)
+    common: dict[str, Any] = {
+        sc.ROLLOUT_ID: ctx.rollout_id,
+        sc.ATTEMPT_ID: attempt_id,
+        sc.GEN_AI_OPERATION_NAME: info.operation,
+        sc.GEN_AI_REQUEST_MODEL: info.request_model,
+        sc.GEN_AI_RESPONSE_MODEL: info.response_model,
+        sc.GEN_AI_RESPONSE_ID: info.response_id,
+        sc.GEN_AI_REQUEST_TEMPERATURE: info.temperature,
+        sc.GEN_AI_REQUEST_TOP_P: info.top_p,
+        sc.GEN_AI_REQUEST_MAX_TOKENS: info.max_tokens,
+        sc.GEN_AI_USAGE_INPUT_TOKENS: result.prompt_tokens,
+        sc.PROMPT_TOKEN_IDS: result.prompt_ids,
+        sc.TOKENS_EXACT: result.tokens_exact,
+        sc.LATENCY_S: latency,
+        API: info.api,
+        STREAM: info.stream,
+        INPUT_MESSAGES: inputs,
+    }
+    if ctx.role is not None:
+        common[sc.ROLE] = ctx.role
+    spans: list[Span] = []
+    for choice in result.choices:
+        attrs = dict(common)
+        attrs[sc.CHOICE_INDEX] = choice.index
+        attrs[sc.RESPONSE_TOKEN_IDS] = choice.token_ids
+        attrs[sc.RESPONSE_LOGPROBS] = choice.logprobs
+        attrs[sc.MODEL_VERSION] = choice.model_version
+        attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [choice.finish_reason]
+        attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = len(choice.token_ids) if choice.token_ids is not None else None
+        attrs[sc.TOOL_CALLS] = dumps([{"id": c.id, "name": c.name, "arguments": c.arguments} for c in choice.tool_calls])
+        attrs[RESPONSE_TEXT] = choice.text
+        if choice.parse_error is not None:
+            attrs[sc.TOOL_CALL_PARSE_ERROR] = choice.parse_error
+        spans.append(
+            Span.model_construct(
+                trace_id=trace_id,
+                span_id=os.urandom(8).hex(),
+                parent_id=None,
+                name=sc.SPAN_LLM_CALL,
+                kind="client",
+                start_ns=info.start_ns,
+                end_ns=info.end_ns,
+                attributes=attrs,
+                events=[],
+                status=SpanStatus(code="ok"),
+                rollout_id=ctx.rollout_id,
+                attempt_id=attempt_id,
+                seq=0,
+            )
+        )
+    return spans
+
+
+class Recorder:
+    """Records calls made inside a rollout; calls outside any rollout are served and not recorded."""
+
+    def __init__(self, writer: SpanWriter | None, store: LightningStore | None) -> None:
+        self.writer = writer
+        self.store = store
+        self.recorded = 0
+        self.unattributed = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def record(self, ctx: CallContext, info: CallInfo, result: CallResult) -> None:
+        if self.writer is None or ctx.rollout_id is None:
+            return
+        if ctx.attempt_id is not None:
+            self.writer.submit_many(build_llm_spans(ctx, ctx.attempt_id, info, result))
+            self.recorded += len(result.choices)
+            return
+        task = asyncio.get_running_loop().create_task(self._resolve_and_record(ctx, info, result))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resolve_and_record(self, ctx: CallContext, info: CallInfo, result: CallResult) -> None:
+        assert self.store is not None and self.writer is not None and ctx.rollout_id is not None
+        try:
+            attempts = await self.store.query_attempts(ctx.rollout_id)
+        except Exception as exc:  # the store is down or the rollout unknown: nothing to attach the span to
+            self.unattributed += len(result.choices)
+            _log.warning("could not find the attempt of rollout %s (%s); call not recorded.", ctx.rollout_id, exc)
+            return
+        running = [a for a in attempts if a.status is AttemptStatus.RUNNING] or attempts
+        if not running:
+            self.unattributed += len(result.choices)
+            _log.warning("rollout %s has no attempt; call not recorded.", ctx.rollout_id)
+            return
+        self.writer.submit_many(build_llm_spans(ctx, running[-1].id, info, result))
+        self.recorded += len(result.choices)
+
+    async def drain(self) -> None:
+        """Wait for pending attempt look-ups (at shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

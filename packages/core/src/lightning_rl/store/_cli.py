@@ -1,0 +1,98 @@
+"""``lightning-rl store serve``: run a store server for runners on other processes or machines.
+
+Kept free of heavy imports: FastAPI, uvicorn and the database drivers load only when the command
+runs, so ``lightning-rl --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import ipaddress
+import os
+import sys
+from typing import Any
+
+__all__ = ["register", "is_loopback", "TOKEN_ENV"]
+
+TOKEN_ENV = "LIGHTNING_STORE_TOKEN"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``store serve`` to the ``lightning-rl`` parser."""
+    store: argparse.ArgumentParser = subparsers.add_parser("store", help="Run or manage a Lightning store.")
+    sub = store.add_subparsers(dest="store_command", required=True, metavar="STORE_COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="Serve a store over HTTP (the store protocol and OTLP/HTTP at /v1/traces).",
+        description="Serve a store over HTTP. Runners connect with StoreClient(url, token); OpenTelemetry "
+        "exporters send spans to URL/v1/traces.",
+    )
+    serve.add_argument("--backend", choices=("sqlite", "postgres", "memory"), default="sqlite", help="Storage backend.")
+    serve.add_argument("--path", default="lightning-store.db", help="SQLite database file (--backend sqlite).")
+    serve.add_argument(
+        "--dsn", default=None, help="PostgreSQL DSN, e.g. postgresql://user@host/db (--backend postgres)."
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="Address to bind; anything but loopback needs --token.")
+    serve.add_argument("--port", type=int, default=4747, help="Port to bind (0 picks a free one).")
+    serve.add_argument(
+        "--token",
+        default=None,
+        help=f"Bearer token every request must carry (default: ${TOKEN_ENV}).",
+    )
+    serve.set_defaults(handler=_serve)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname may resolve to a public address: treat it as exposed
+
+
+def _serve(args: argparse.Namespace) -> int:
+    token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
+    if not is_loopback(args.host) and not token:
+        raise PermissionError(
+            f"refusing to serve the store on {args.host} without a token: anyone who can reach it could read and "
+            f"write your rollouts. Pass --token SECRET (or set {TOKEN_ENV}), or bind 127.0.0.1."
+        )
+    if args.backend == "postgres" and not args.dsn:
+        raise ValueError("--backend postgres needs --dsn postgresql://user@host:port/database.")
+    missing = [
+        m for m in ("fastapi", "uvicorn", "google.protobuf") if importlib.util.find_spec(m.split(".")[0]) is None
+    ]
+    if missing:
+        raise ImportError(
+            f"the store server needs {', '.join(missing)}: install the server extra, pip install 'lightning-rl[server]'"
+        )
+    asyncio.run(_run(args.backend, args.path, args.dsn, args.host, args.port, token))
+    return 0
+
+
+async def _run(backend: str, path: str, dsn: str | None, host: str, port: int, token: str | None) -> None:
+    from lightning_rl.store import open_store
+    from lightning_rl.store.server import serve_store
+
+    if backend == "memory":
+        url, where = "memory://", "memory (not durable)"
+    elif backend == "postgres":
+        assert dsn is not None
+        url, where = dsn, "postgres"
+    else:
+        url, where = f"sqlite:///{path}", f"sqlite {os.path.abspath(path)}"
+    store = await open_store(url)
+
+    def ready(url: str) -> None:
+        # Tests and scripts read this line to learn the port when --port 0.
+        print(f"lightning-rl store: serving {where} at {url}", flush=True)
+        print(f"lightning-rl store: OTLP/HTTP traces at {url}/v1/traces; Ctrl-C to stop", file=sys.stderr, flush=True)
+
+    try:
+        await serve_store(store, host=host, port=port, token=token, on_ready=ready)
+    finally:
+        await store.close()

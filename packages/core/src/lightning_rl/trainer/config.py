@@ -1,0 +1,73 @@
+"""Trainer settings: one documented dataclass, embedded defaults that train a tiny agent on a CPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lightning_rl.backends.torch_backend import TorchBackendConfig
+from lightning_rl.credit import AdvantageEstimator, CreditStrategy
+
+__all__ = ["TrainerConfig"]
+
+
+@dataclass
+class TrainerConfig:
+    """Everything the LightningRL loop needs besides the agent and the tasks."""
+
+    model: str = "tiny"
+    """An HF model folder or hub name, or ``tiny`` for the locally built tiny model."""
+    run_dir: str = "runs/latest"
+    """Where the store, metrics, reward curve and checkpoints go."""
+    steps: int = 20
+    """Policy updates to run."""
+    batch_size: int = 16
+    """Tasks per step; each runs ``group_size`` times."""
+    group_size: int = 8
+    """Rollouts per task, compared with each other by GRPO/RLOO."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (logprobs are computed under the same distribution)."""
+    top_p: float = 1.0
+    max_tokens: int = 64
+    """Most tokens per LLM call."""
+    val_temperature: float | None = None
+    """Sampling temperature of validation rollouts (None: same as training)."""
+    val_every: int = 5
+    """Validate every this many steps (0: only before and after training)."""
+    credit: CreditStrategy = "broadcast"
+    """How the final reward is spread over a rollout's calls: broadcast, discounted or last."""
+    gamma: float = 1.0
+    """Discount of the ``discounted`` strategy."""
+    estimator: AdvantageEstimator = "grpo"
+    """Rollout-level advantage: grpo, grpo_no_std or rloo."""
+    air: dict[str, float] = field(default_factory=dict[str, float])
+    """Automatic intermediate rewards: signal name -> reward per occurrence, e.g. {"tool_error": -0.1}."""
+    skip_zero_advantage: bool = True
+    """Leave transitions with zero advantage out of the update (no gradient without a KL term)."""
+    rollout_timeout_s: float = 120.0
+    """Limit of one attempt, enforced by the store."""
+    heartbeat_timeout_s: float = 60.0
+    max_attempts: int = 1
+    """Attempts per rollout (lost workers and timeouts are retried while attempts remain)."""
+    step_timeout_s: float = 900.0
+    """How long to wait for a step's rollouts; stragglers are cancelled and counted."""
+    concurrency: int = 64
+    """Rollouts the in-process runner runs at once."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0: only at the end)."""
+    resume: bool = False
+    """Continue from the latest checkpoint in ``run_dir``."""
+    seed: int = 0
+    device: str = "cpu"
+    backend: TorchBackendConfig = field(default_factory=TorchBackendConfig)
+    tensorboard: bool = True
+    progress: bool = True
+    """Print a progress line per step on the terminal (rich)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "group_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.val_every < 0 or self.checkpoint_every < 0:
+            raise ValueError("val_every and checkpoint_every must be >= 0.")
+        if self.temperature <= 0:
+            raise ValueError("training needs temperature > 0 (greedy sampling has no policy gradient).")

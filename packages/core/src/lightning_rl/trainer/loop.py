@@ -1,0 +1,294 @@
+"""The LightningRL loop, top to bottom.
+
+``Trainer.fit(agent, train_tasks, val_tasks)`` starts the embedded services (a SQLite store in the
+run folder, the inference engine behind the OpenAI-compatible gateway, an in-process runner) and
+then, every step: publish resources -> enqueue the batch x group size -> wait -> adapt spans into
+transitions -> credit assignment -> advantages -> update -> publish the new weights -> validate ->
+log -> checkpoint. The agent is the user's unchanged code; it only sees ``llm.base_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning_rl.adapter import adapt_attempt, final_reward
+from lightning_rl.agent import AgentFn
+from lightning_rl.credit import RolloutSample, compute_advantages
+from lightning_rl.roles import RoleSelector, RoleSpec
+from lightning_rl.store.base import LightningStore
+from lightning_rl.trainer.config import TrainerConfig
+from lightning_rl.trainer.metrics import MetricsLogger, plot_reward_curve
+from lightning_rl.trainer.services import Services, start_services
+from lightning_rl.types import (
+    LLMResource,
+    Rollout,
+    RolloutConfig,
+    RolloutRequest,
+    RolloutStatus,
+    Task,
+    Transition,
+)
+
+__all__ = ["Trainer", "TrainResult", "collect_samples"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports; the full history is in ``<run_dir>/metrics.jsonl``."""
+
+    run_dir: Path
+    val_before: float | None
+    val_after: float | None
+    history: list[dict[str, float]]
+
+
+@dataclass
+class _Collected:
+    samples: list[RolloutSample]
+    rewards: list[float]
+    failed: int
+    timed_out: int
+    n_calls: int
+    n_untrainable: int
+    n_truncated: int
+    response_tokens: int
+
+
+async def collect_samples(
+    store: LightningStore,
+    rollouts: Sequence[Rollout],
+    *,
+    trainable: RoleSelector,
+    air: dict[str, float],
+) -> _Collected:
+    """Turn finished rollouts into rollout samples. Failed / timed-out ones are counted, never scored 0."""
+    out = _Collected([], [], 0, 0, 0, 0, 0, 0)
+    for rollout in rollouts:
+        if rollout.status is RolloutStatus.TIMED_OUT:
+            out.timed_out += 1
+            continue
+        if rollout.status is not RolloutStatus.SUCCEEDED:
+            out.failed += 1
+            continue
+        attempts = await store.query_attempts(rollout.id)
+        attempt = attempts[-1]
+        spans = await store.query_spans(attempt_id=attempt.id)
+        reward = final_reward(rollout, spans)
+        if reward is None:
+            out.failed += 1
+            log.warning("rollout %s succeeded without a reward; excluded (return one or call emit_reward)", rollout.id)
+            continue
+        adapted = adapt_attempt(rollout, attempt.id, spans, trainable=trainable, air=air)
+        out.rewards.append(reward)
+        out.n_calls += adapted.n_calls
+        out.n_untrainable += adapted.n_untrainable
+        out.n_truncated += adapted.n_truncated
+        out.response_tokens += sum(len(t.response_ids) for t in adapted.transitions)
+        out.samples.append(RolloutSample(rollout.id, rollout.group_id or rollout.id, reward, adapted.transitions))
+    return out
+
+
+class Trainer:
+    """Runs LightningRL on the embedded services. See ``TrainerConfig`` for every knob."""
+
+    def __init__(self, config: TrainerConfig | None = None, *, trainable: RoleSpec = None) -> None:
+        self.config = config or TrainerConfig()
+        self.trainable = RoleSelector.of(trainable)
+        self.run_dir = Path(self.config.run_dir)
+
+    def fit(self, agent: AgentFn, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()) -> TrainResult:
+        """Train ``agent`` on ``train_tasks``; report held-out reward on ``val_tasks`` before and after."""
+        return asyncio.run(self.fit_async(agent, train_tasks, val_tasks))
+
+    async def fit_async(
+        self, agent: AgentFn, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()
+    ) -> TrainResult:
+        cfg = self.config
+        if not train_tasks:
+            raise ValueError("fit() needs at least one training task.")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
+        metrics = MetricsLogger(self.run_dir, tensorboard=cfg.tensorboard)
+        rng = random.Random(cfg.seed)
+        train_tasks = [_with_id(t, f"train-{i}") for i, t in enumerate(train_tasks)]
+        val_tasks = [_with_id(t, f"val-{i}") for i, t in enumerate(val_tasks)]
+        async with start_services(cfg, agent) as svc:
+            first_step = self._maybe_resume(svc)
+            if first_step > 0:
+                await svc.backend.publish()
+            val_before = await self._validate(svc, val_tasks, first_step, metrics) if val_tasks else None
+            val_after = val_before
+            for step in range(first_step + 1, cfg.steps + 1):
+                row = await self._train_step(svc, step, rng.sample(train_tasks, min(cfg.batch_size, len(train_tasks))))
+                if val_tasks and cfg.val_every and step % cfg.val_every == 0 and step != cfg.steps:
+                    val_after = await self._validate(svc, val_tasks, step, metrics)
+                metrics.log(row)
+                self._print(row)
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    self._checkpoint(svc, step)
+            if val_tasks:
+                val_after = await self._validate(svc, val_tasks, cfg.steps, metrics)
+            self._checkpoint(svc, cfg.steps)
+        metrics.close()
+        plot_reward_curve(metrics.history, self.run_dir / "reward_curve.png")
+        return TrainResult(self.run_dir, val_before, val_after, metrics.history)
+
+    # --- one step, top to bottom --------------------------------------------------------------
+    async def _train_step(self, svc: Services, step: int, tasks: Sequence[Task]) -> dict[str, float]:
+        cfg = self.config
+        t0 = time.perf_counter()
+        # 1. publish resources: the endpoint and sampling the rollouts of this step run with
+        resources = await svc.store.add_resources(llm=self._llm(svc, cfg.temperature))
+        # 2. enqueue each task group_size times; one group id per task so GRPO compares like with like
+        requests = [
+            RolloutRequest(
+                id=f"s{step}-{task.id}-{k}-{svc.run_id}",
+                task=task,
+                group_id=f"s{step}-{task.id}",
+                resources_version=resources.version,
+                config=self._rollout_config(),
+            )
+            for task in tasks
+            for k in range(cfg.group_size)
+        ]
+        await svc.store.enqueue(requests)
+        # 3. wait for the group; stragglers are cancelled and counted, never silently scored
+        finished = await self._wait(svc, [r.id for r in requests])
+        t_rollouts = time.perf_counter() - t0
+        # 4. adapt spans -> transitions (exact token ids from the gateway), trainable roles only
+        collected = await collect_samples(svc.store, finished, trainable=self.trainable, air=cfg.air)
+        # 5-6. credit assignment and per-rollout group advantages
+        transitions = compute_advantages(
+            collected.samples, strategy=cfg.credit, gamma=cfg.gamma, estimator=cfg.estimator
+        )
+        batch = _update_batch(transitions, cfg.skip_zero_advantage and cfg.backend.kl_coef == 0)
+        # 7. update the policy (in a thread: the gateway and runner keep their event loop)
+        update: dict[str, float] = {}
+        if batch:
+            update = await asyncio.to_thread(svc.backend.update, batch)
+        # 8. publish the new weights to the engine; later rollouts record the new version
+        version = await svc.backend.publish()
+        rewards = collected.rewards
+        return {
+            "step": float(step),
+            "train/reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
+            "train/reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            "train/n_rollouts": float(len(rewards)),
+            "train/failed_rollouts": float(collected.failed),
+            "train/timed_out_rollouts": float(collected.timed_out),
+            "train/n_transitions": float(len(transitions)),
+            "train/n_updated_transitions": float(len(batch)),
+            "train/untrainable_calls": float(collected.n_untrainable),
+            "train/truncated_calls": float(collected.n_truncated),
+            "train/rollout_s": t_rollouts,
+            "train/rollout_tokens_per_s": collected.response_tokens / t_rollouts if t_rollouts > 0 else 0.0,
+            "train/step_s": time.perf_counter() - t0,
+            "model_version": float(version),
+            **update,
+        }
+
+    async def _validate(self, svc: Services, tasks: Sequence[Task], step: int, metrics: MetricsLogger) -> float:
+        """Mean reward on held-out tasks (one rollout each) with the current weights."""
+        cfg = self.config
+        temperature = cfg.val_temperature if cfg.val_temperature is not None else cfg.temperature
+        resources = await svc.store.add_resources(llm=self._llm(svc, temperature))
+        requests = [
+            RolloutRequest(
+                id=f"v{step}-{task.id}-{svc.run_id}-{resources.version}",
+                task=task,
+                group_id=f"v{step}-{task.id}",
+                mode="val",
+                resources_version=resources.version,
+                config=self._rollout_config(),
+            )
+            for task in tasks
+        ]
+        await svc.store.enqueue(requests)
+        finished = await self._wait(svc, [r.id for r in requests])
+        collected = await collect_samples(svc.store, finished, trainable=self.trainable, air={})
+        mean = statistics.fmean(collected.rewards) if collected.rewards else float("nan")
+        metrics.log(
+            {
+                "step": float(step),
+                "val/reward_mean": mean,
+                "val/n_rollouts": float(len(collected.rewards)),
+                "val/failed_rollouts": float(collected.failed + collected.timed_out),
+            }
+        )
+        if cfg.progress:
+            svc.console.print(f"[bold]step {step}[/] held-out reward {mean:.3f} over {len(collected.rewards)} tasks")
+        return mean
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _llm(self, svc: Services, temperature: float) -> LLMResource:
+        cfg = self.config
+        sampling: dict[str, Any] = {"temperature": temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens}
+        return LLMResource(base_url=svc.gateway_url, model=svc.model_name, sampling=sampling)
+
+    def _rollout_config(self) -> RolloutConfig:
+        cfg = self.config
+        return RolloutConfig(
+            timeout_s=cfg.rollout_timeout_s,
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+            max_attempts=cfg.max_attempts,
+        )
+
+    async def _wait(self, svc: Services, ids: list[str]) -> list[Rollout]:
+        finished = await svc.store.wait_for_rollouts(ids, self.config.step_timeout_s)
+        if len(finished) < len(ids):
+            done = {r.id for r in finished}
+            late = [i for i in ids if i not in done]
+            log.warning("%d rollouts did not finish within %.0f s; cancelling them", len(late), self.config.step_timeout_s)
+            await svc.store.cancel(late)
+            finished = await svc.store.query_rollouts(ids=ids, limit=max(len(ids), 1))
+        # the gateway writes spans off the request path: make sure this step's spans are in the store
+        await svc.flush_spans()
+        return finished
+
+    def _checkpoint(self, svc: Services, step: int) -> None:
+        path = svc.backend.save_checkpoint(self.run_dir / "checkpoints" / f"step_{step:05d}")
+        (self.run_dir / "checkpoints" / "latest").write_text(str(path.parent.name))
+
+    def _maybe_resume(self, svc: Services) -> int:
+        marker = self.run_dir / "checkpoints" / "latest"
+        if not self.config.resume or not marker.exists():
+            return 0
+        folder = self.run_dir / "checkpoints" / marker.read_text().strip()
+        svc.backend.load_checkpoint(folder)
+        step = int(folder.name.removeprefix("step_"))
+        log.info("resumed from %s (step %d)", folder, step)
+        return step
+
+    def _print(self, row: dict[str, float]) -> None:
+        if not self.config.progress:
+            return
+        from rich.console import Console
+
+        Console().print(
+            f"step {int(row['step']):>3}  reward {row['train/reward_mean']:.3f}  "
+            f"transitions {int(row['train/n_updated_transitions'])}/{int(row['train/n_transitions'])}  "
+            f"failed {int(row['train/failed_rollouts'] + row['train/timed_out_rollouts'])}  "
+            f"loss {row.get('train/loss', float('nan')):+.4f}  {row['train/step_s']:.1f}s"
+        )
+
+
+def _with_id(task: Task, default: str) -> Task:
+    return task if task.id else task.model_copy(update={"id": default})
+
+
+def _update_batch(transitions: list[Transition], skip_zero: bool) -> list[Transition]:
+    if not skip_zero:
+        return transitions
+    return [t for t in transitions if t.advantage != 0.0]
+
