@@ -1,11 +1,14 @@
 """Store throughput: how many rollouts per second one store server completes.
 
 Each of N simulated runners loops ``claim -> add 10 spans in one batch -> finish`` against a
-``lightning-rl store serve`` process (a separate process, as in production), through ``StoreClient``
-over HTTP. We report completed rollouts/s (median of ``--repeats`` runs) for each backend and N, and
-the same loop run in-process against ``SQLiteStore`` (store operations/s, no HTTP).
+``lightning-rl store serve`` process (a separate process, as in production) through ``StoreClient``
+over HTTP. For each backend and N we report completed rollouts/s (median of ``--repeats`` runs),
+and the CPU time the server and the client processes spent per rollout: on a shared machine the
+wall-clock rate depends on what else runs, the CPU cost per rollout much less. Last, the same loop
+runs in-process against ``SQLiteStore`` (no HTTP) to show the backend's own ceiling.
 
-Run it when the machine is otherwise idle (it uses both the server's and the clients' CPU)::
+Run it when the machine is otherwise idle (it uses both cores: one for the server, one for the
+clients)::
 
     uv run python benchmarks/store_throughput.py
     uv run python benchmarks/store_throughput.py --backends sqlite --runners 32 --duration 3
@@ -23,7 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 
 from lightning_rl.store.base import LightningStore
 from lightning_rl.store.client import StoreClient
@@ -31,7 +35,7 @@ from lightning_rl.types import AttemptStatus, RolloutRequest, RolloutStatus, Spa
 
 __all__ = ["main"]
 
-CLI = os.environ.get("LIGHTNING_CLI", "-m lightning_rl.cli").split()
+BENCH_SCHEMA = "lightning_bench"
 DEFAULT_DSN = os.environ.get("LIGHTNING_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -42,10 +46,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="Runs per (backend, N); the median is reported.")
     p.add_argument("--duration", type=float, default=3.0, help="Seconds per run.")
     p.add_argument("--spans", type=int, default=10, help="Spans per rollout, sent in one batch.")
-    p.add_argument("--backlog", type=int, default=0, help="Rollouts queued per run (0: 3000 x duration).")
-    p.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL DSN for the postgres backend.")
-    p.add_argument("--in-process", type=float, default=3.0, help="Seconds for the in-process SQLite run (0 skips).")
+    p.add_argument("--backlog", type=int, default=0, help="Rollouts queued per run (0: 1500 x duration).")
+    p.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL DSN (tables go to a scratch schema, dropped after).")
+    p.add_argument("--in-process", type=float, default=3.0, help="Seconds per in-process SQLite run (0 skips).")
     return p.parse_args(argv)
+
+
+@dataclass
+class Run:
+    rate: float
+    """Completed rollouts per second."""
+    server_cpu_ms: float
+    """Server process CPU per completed rollout (0 when in-process)."""
+    client_cpu_ms: float
+    """Client process CPU per completed rollout."""
+    load: float
+    """1-minute load average at the end of the run (2.0 = both cores busy)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,22 +92,40 @@ async def runner(store: LightningStore, worker_id: str, spans: int, deadline: fl
         done[0] += 1
 
 
-async def one_run(store: LightningStore, n: int, spans: int, duration: float, backlog: int) -> float:
-    """Completed rollouts/s for one run of ``n`` runners; cleans the store up afterwards."""
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` (Linux /proc), or by this process."""
+    if pid is None:
+        return time.process_time()
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_run(
+    store: LightningStore, n: int, spans: int, duration: float, backlog: int, server_pid: int | None
+) -> Run:
+    """One timed run of ``n`` runners; cleans the store up afterwards."""
     requests = [RolloutRequest(task=Task(input={"q": i})) for i in range(backlog)]
     for start in range(0, backlog, 5000):
         await store.enqueue(requests[start : start + 5000])
     done = [0]
+    server0, client0 = (process_cpu_s(server_pid) if server_pid else 0.0), process_cpu_s(None)
     t0 = time.perf_counter()
     await asyncio.gather(*(runner(store, f"w{i}", spans, t0 + duration, done) for i in range(n)))
-    rate = done[0] / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    server_cpu = (process_cpu_s(server_pid) - server0) if server_pid else 0.0
+    client_cpu = process_cpu_s(None) - client0
+    completed = max(done[0], 1)
+    if done[0] == backlog:
+        print(f"  warning: the backlog of {backlog} ran out; raise --backlog", file=sys.stderr)
+    run = Run(done[0] / elapsed, 1e3 * server_cpu / completed, 1e3 * client_cpu / completed, os.getloadavg()[0])
     # Leave nothing behind for the next run: cancel what was not claimed, then prune it all.
     left = await store.query_rollouts(status=[RolloutStatus.QUEUED], limit=10_000)
     while left:
         await store.cancel([r.id for r in left])
         left = await store.query_rollouts(status=[RolloutStatus.QUEUED], limit=10_000)
     await store.prune(time.time() + 1)
-    return rate
+    return run
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,70 +134,85 @@ async def one_run(store: LightningStore, n: int, spans: int, duration: float, ba
 
 
 @contextlib.asynccontextmanager
-async def server_process(backend: str, workdir: str, dsn: str) -> AsyncIterator[str]:
-    cmd = [sys.executable, *CLI, "store", "serve", "--backend", backend, "--port", "0"]
+async def server_process(backend: str, workdir: str, dsn: str) -> AsyncGenerator[tuple[str, int]]:
+    cmd = [sys.executable, "-m", "lightning_rl.cli", "store", "serve", "--backend", backend, "--port", "0"]
     cmd += ["--path", os.path.join(workdir, "bench.db")] if backend == "sqlite" else []
-    cmd += ["--dsn", dsn] if backend == "postgres" else []
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    cmd += ["--dsn", dsn, "--schema", BENCH_SCHEMA] if backend == "postgres" else []
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
         line = await asyncio.to_thread(proc.stdout.readline)
         if " at http" not in line:
             raise RuntimeError(f"store server did not start (exit code {proc.poll()}); output: {line!r}")
-        yield line.rsplit(" at ", 1)[1].strip()
+        yield line.rsplit(" at ", 1)[1].strip(), proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if backend == "postgres":
+            drop_schema(dsn)
 
 
-async def bench_http(args: argparse.Namespace, backend: str, ns: list[int]) -> dict[int, list[float]]:
-    results: dict[int, list[float]] = {}
+def drop_schema(dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE")
+
+
+async def bench_http(args: argparse.Namespace, backend: str, ns: list[int]) -> dict[int, list[Run]]:
+    results: dict[int, list[Run]] = {}
+    backlog = args.backlog or max(2000, int(1500 * args.duration))
     with tempfile.TemporaryDirectory() as workdir:
-        async with server_process(backend, workdir, args.dsn) as url:
+        async with server_process(backend, workdir, args.dsn) as (url, pid):
             client = StoreClient(url)
             try:
-                await one_run(client, 4, args.spans, 0.5, 200)  # warm up connections and caches
+                await one_run(client, 4, args.spans, 0.5, 200, None)  # warm up connections and caches
                 for n in ns:
-                    backlog = args.backlog or max(2000, int(3000 * args.duration))
-                    results[n] = [await one_run(client, n, args.spans, args.duration, backlog) for _ in range(args.repeats)]
-                    print(f"{backend:8s} N={n:<4d} rollouts/s: " + ", ".join(f"{r:.0f}" for r in results[n]), flush=True)
+                    results[n] = []
+                    for _ in range(args.repeats):
+                        results[n].append(await one_run(client, n, args.spans, args.duration, backlog, pid))
+                        print(f"{backend:8s} N={n:<4d} {results[n][-1]}", flush=True)
             finally:
                 await client.close()
     return results
 
 
-# --------------------------------------------------------------------------------------------
-# In-process SQLite
-# --------------------------------------------------------------------------------------------
-
-
-async def bench_in_process(args: argparse.Namespace) -> tuple[float, float]:
-    from lightning_rl.store import open_store
+async def bench_in_process(args: argparse.Namespace) -> list[Run]:
+    from lightning_rl.store.sqlite import SQLiteStore
 
     with tempfile.TemporaryDirectory() as workdir:
-        store = await open_store(f"sqlite:///{os.path.join(workdir, 'inproc.db')}")
+        store = SQLiteStore(os.path.join(workdir, "inproc.db"))
         try:
-            rates = [await one_run(store, 32, args.spans, args.in_process, 10_000) for _ in range(args.repeats)]
+            backlog = args.backlog or max(2000, int(1500 * args.in_process))
+            return [await one_run(store, 32, args.spans, args.in_process, backlog, None) for _ in range(args.repeats)]
         finally:
             await store.close()
-    rate = statistics.median(rates)
-    return rate, rate * 3  # claim + add_spans + finish per rollout
+
+
+def row(label: str, n: int, runs: list[Run]) -> str:
+    med = statistics.median
+    rates = ", ".join(f"{r.rate:.0f}" for r in runs)
+    return (
+        f"| {label} | {n} | **{med(r.rate for r in runs):.0f}** | {rates} | {med(r.server_cpu_ms for r in runs):.2f} "
+        f"| {med(r.client_cpu_ms for r in runs):.2f} | {max(r.load for r in runs):.1f} |"
+    )
 
 
 async def amain(args: argparse.Namespace) -> None:
     ns = [int(x) for x in args.runners.split(",") if x]
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    table: list[tuple[str, int, float, list[float]]] = []
+    rows: list[str] = []
     for backend in [b for b in args.backends.split(",") if b]:
         for n, runs in (await bench_http(args, backend, ns)).items():
-            table.append((backend, n, statistics.median(runs), runs))
-    print("\n| backend | N runners | rollouts/s (median) | runs |")
-    print("|---|---:|---:|---|")
-    for backend, n, median, runs in table:
-        print(f"| {backend} | {n} | {median:.0f} | {', '.join(f'{r:.0f}' for r in runs)} |")
+            rows.append(row(f"{backend} over HTTP", n, runs))
     if args.in_process > 0:
-        rate, ops = await bench_in_process(args)
-        print(f"\nin-process SQLite, 32 concurrent loops: {rate:.0f} rollouts/s = {ops:.0f} store ops/s")
+        runs = await bench_in_process(args)
+        rows.append(row("sqlite in-process", 32, runs))
+        ops = statistics.median(r.rate for r in runs) * 3  # claim + add_spans + finish per rollout
+        print(f"in-process SQLite: {ops:.0f} store ops/s (claim, add_spans x10, finish)")
+    print("\n| store | N runners | rollouts/s (median) | runs | server CPU ms/rollout | client CPU ms/rollout | load |")
+    print("|---|---:|---:|---|---:|---:|---:|")
+    print("\n".join(rows))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

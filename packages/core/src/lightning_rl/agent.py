@@ -18,10 +18,11 @@ import importlib
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from urllib.parse import quote
 
 from lightning_rl.types import LLMResource
 
@@ -70,6 +71,7 @@ class LLM:
         api_key: The key to send (the gateway's token when it requires one).
         sampling: Sampling parameters to pass on each call (e.g. ``temperature``, ``max_tokens``).
         resources_version: The resources version this rollout runs with, if known.
+        role: The agent role the gateway attributes calls to (see ``for_role``), if any.
     """
 
     base_url: str
@@ -77,6 +79,7 @@ class LLM:
     api_key: str = "lightning"
     sampling: Mapping[str, Any] = field(default_factory=_frozen_mapping)
     resources_version: int | None = None
+    role: str | None = None
 
     def __post_init__(self) -> None:
         # Frozen means frozen: a shared dict would let one rollout's agent change another's sampling.
@@ -99,6 +102,19 @@ class LLM:
             sampling=resource.sampling,
             resources_version=resources_version,
         )
+
+    def for_role(self, role: str) -> LLM:
+        """The same endpoint with calls attributed to ``role`` (``.../roles/{role}/v1`` on the gateway).
+
+        Give each agent of a multi-agent system its own ``LLM`` this way, so the trainer knows
+        exactly which role made each call (and can train only some roles) without guessing.
+        """
+        if not role:
+            raise ValueError("role must be a non-empty string, e.g. 'planner'.")
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        if self.role is not None:
+            root = root.removesuffix(f"/roles/{quote(self.role, safe='')}")
+        return replace(self, base_url=f"{root}/roles/{quote(role, safe='')}/v1", role=role)
 
     def openai_client(self, **kwargs: Any) -> OpenAI:
         """A synchronous ``openai.OpenAI`` client pointed at this attempt's gateway URL.

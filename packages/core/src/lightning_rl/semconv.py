@@ -16,6 +16,7 @@ __all__ = [
     "SPAN_REWARD",
     "SPAN_SIGNAL",
     "SPAN_AGENT",
+    "SPAN_ROLLOUT",
     # routing
     "ROLLOUT_ID",
     "ATTEMPT_ID",
@@ -50,6 +51,10 @@ __all__ = [
     "SIGNAL_VALUE",
     "TOOL_STATUS",
     "TOOL_ERROR",
+    "RESPONSE_TEXT",
+    "GEN_AI_INPUT_MESSAGES",
+    "API",
+    "STREAM",
     "RESOURCE_ROLLOUT_ID",
     "RESOURCE_ATTEMPT_ID",
 ]
@@ -63,6 +68,8 @@ SPAN_REWARD: Final = "lightning.reward"
 """A reward emitted by the agent with ``emit_reward``; the last one of an attempt is final."""
 SPAN_SIGNAL: Final = "lightning.signal"
 """An intermediate-reward input (``emit_signal``), e.g. a tool error, used by AIR."""
+SPAN_ROLLOUT: Final = "lightning.rollout"
+"""The runner's root span around one agent call."""
 SPAN_AGENT: Final = "agent"
 """A framework agent/node run; its role attributes the LLM calls made inside it."""
 
@@ -117,3 +124,11 @@ SIGNAL_VALUE: Final = "lightning.signal.value"
 TOOL_STATUS: Final = "lightning.tool.status"
 """``ok`` or ``error`` for a tool span."""
 TOOL_ERROR: Final = "lightning.tool.error"
+RESPONSE_TEXT: Final = "lightning.response_text"
+"""Everything the model generated for the choice, tool-call syntax included (decode of the ids)."""
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+"""The request's messages (chat/responses) or prompt (completions) as JSON."""
+API: Final = "lightning.api"
+"""Which endpoint served the call: ``chat.completions``, ``completions`` or ``responses``."""
+STREAM: Final = "lightning.stream"
+"""Whether the call was streamed."""

@@ -98,7 +98,9 @@ class InferenceEngine(Protocol):
         """Most tokens (prompt + completion) the model accepts."""
         ...
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> list[int]:
         """Render OpenAI-style messages (and tool schemas) with the chat template, ready to generate."""
         ...
 

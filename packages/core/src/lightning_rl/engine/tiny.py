@@ -64,7 +64,7 @@ CHAT_TEMPLATE = (
     "{% if system %}{{ '\\n' }}{% endif %}"
     "{{ 'Tools:\\n<tools>\\n' }}"
     "{% for tool in tools %}{{ (tool | tojson) + '\\n' }}{% endfor %}"
-    "{{ '</tools>\\nCall a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.' }}"
+    '{{ \'</tools>\\nCall a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.\' }}'
     "{% endif %}"
     "{{ '<|im_end|>\\n' }}"
     "{% endif %}"

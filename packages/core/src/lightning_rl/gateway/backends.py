@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -24,6 +24,7 @@ import httpx
 
 from lightning_rl.engine.base import InferenceEngine, ParsedToolCall, SamplingParams, StreamDelta
 from lightning_rl.errors import InvalidRequestError
+from lightning_rl.gateway._http import LeanHTTPClient
 from lightning_rl.gateway.protocol import GatewayHTTPError
 
 __all__ = [
@@ -128,7 +129,7 @@ class GatewayBackend(Protocol):
 
     async def run(self, spec: CallSpec) -> CallResult: ...
 
-    def stream(self, spec: CallSpec) -> AsyncIterator[StreamPiece]: ...
+    def stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]: ...
 
     async def load_weights(self, path: str | None, version: int) -> None: ...
 
@@ -148,10 +149,16 @@ def _tool_call_deltas(calls: Sequence[ParsedToolCall]) -> list[dict[str, Any]]:
 
 
 class EngineBackend:
-    """Serve an ``InferenceEngine`` in-process (exact tokens, per-token sampling logprobs)."""
+    """Serve an ``InferenceEngine`` in-process (exact tokens, per-token sampling logprobs).
 
-    def __init__(self, engine: InferenceEngine) -> None:
+    Args:
+        engine: The engine to serve.
+        owns_engine: Close the engine (its ``close()``) when the gateway shuts down.
+    """
+
+    def __init__(self, engine: InferenceEngine, *, owns_engine: bool = False) -> None:
         self.engine = engine
+        self.owns_engine = owns_engine
         self._token_text: dict[int, str] = {}
 
     @property
@@ -166,9 +173,11 @@ class EngineBackend:
         return None
 
     async def aclose(self) -> None:
-        close = getattr(self.engine, "aclose", None)
+        if not self.owns_engine:
+            return
+        close = getattr(self.engine, "close", None)
         if close is not None:
-            await close()
+            await asyncio.to_thread(close)
 
     async def load_weights(self, path: str | None, version: int) -> None:
         if path is None:
@@ -220,7 +229,10 @@ class EngineBackend:
     def _entries(
         self, ids: Sequence[int], logprobs: Sequence[float], top: Sequence[list[tuple[int, float]]] | None
     ) -> list[dict[str, Any]]:
-        return [self._token_entry(t, lp, top[i] if top else None) for i, (t, lp) in enumerate(zip(ids, logprobs, strict=False))]
+        return [
+            self._token_entry(t, lp, top[i] if top else None)
+            for i, (t, lp) in enumerate(zip(ids, logprobs, strict=False))
+        ]
 
     def _finish(self, spec: CallSpec, index: int, text: str, reason: str) -> ChoiceResult:
         if spec.parse_tools:
@@ -247,7 +259,7 @@ class EngineBackend:
         return CallResult(prompt_ids, choices, True, len(prompt_ids), completion)
 
     # --- streaming --------------------------------------------------------------------------
-    async def stream(self, spec: CallSpec) -> AsyncIterator[StreamPiece]:
+    async def stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]:
         prompt_ids = self._prompt_ids(spec)
         params = self._params(spec, len(prompt_ids))
         if spec.n == 1:
@@ -284,7 +296,7 @@ class EngineBackend:
 
     async def _stream_choice(
         self, spec: CallSpec, index: int, prompt_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[StreamPiece]:
+    ) -> AsyncGenerator[StreamPiece]:
         buffer = spec.parse_tools  # tool-call syntax must not leak out as content: hold the text back
         ids: list[int] = []
         lps: list[float] = []
@@ -391,6 +403,12 @@ class UpstreamBackend:
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
+        # the hot non-streamed path uses a lean keep-alive client (see _http); https goes through httpx
+        self._lean = (
+            LeanHTTPClient(self.url, headers, timeout_s=timeout_s, max_idle=max_connections)
+            if self.url.startswith("http://")
+            else None
+        )
 
     @property
     def model_name(self) -> str:
@@ -417,6 +435,8 @@ class UpstreamBackend:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        if self._lean is not None:
+            await self._lean.aclose()
 
     async def load_weights(self, path: str | None, version: int) -> None:
         # The trainer updates the upstream server's weights itself; the gateway only records the version.
@@ -465,12 +485,16 @@ class UpstreamBackend:
     async def run(self, spec: CallSpec) -> CallResult:
         path, content = self._body(spec, stream=False)
         try:
-            resp = await self._client.post(path, content=content)
-        except httpx.TransportError as exc:
+            if self._lean is not None:
+                status, raw = await self._lean.post(path, content)
+            else:
+                resp = await self._client.post(path, content=content)
+                status, raw = resp.status_code, resp.content
+        except (httpx.TransportError, OSError, TimeoutError) as exc:
             raise self._unavailable(exc) from exc
-        if resp.status_code >= 400:
-            raise self._upstream_error(resp.status_code, resp.text)
-        data: dict[str, Any] = resp.json()
+        if status >= 400:
+            raise self._upstream_error(status, raw.decode(errors="replace"))
+        data: dict[str, Any] = json.loads(raw)
         raw_choices: list[dict[str, Any]] = data.get("choices") or []
         prompt_ids = data.get("prompt_token_ids")
         if prompt_ids is None and raw_choices:
@@ -514,7 +538,7 @@ class UpstreamBackend:
         )
 
     # --- streaming --------------------------------------------------------------------------
-    async def stream(self, spec: CallSpec) -> AsyncIterator[StreamPiece]:
+    async def stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]:
         path, content = self._body(spec, stream=True)
         try:
             async with self._client.stream("POST", path, content=content) as resp:

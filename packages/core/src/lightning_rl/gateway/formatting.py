@@ -287,7 +287,9 @@ class StreamAccumulator:
             for c in choices:
                 c.token_ids = c.token_ids or None
                 c.logprobs = c.logprobs or None
-        return CallResult(self.prompt_ids if exact else self.prompt_ids, choices, exact, prompt_tokens, completion_tokens)
+        return CallResult(
+            self.prompt_ids if exact else self.prompt_ids, choices, exact, prompt_tokens, completion_tokens
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,7 +329,9 @@ def responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
         kind = item.get("type") or "message"
         if kind == "message":
             role = str(item.get("role") or "user")
-            messages.append({"role": "system" if role == "developer" else role, "content": _content_text(item.get("content"))})
+            messages.append(
+                {"role": "system" if role == "developer" else role, "content": _content_text(item.get("content"))}
+            )
         elif kind == "function_call":
             call = {
                 "id": str(item.get("call_id") or item.get("id") or ""),
@@ -487,7 +491,9 @@ class ResponsesEvents:
             out.append(self._event("response.output_item.added", output_index=0, item=item))
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             out.append(
-                self._event("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0, part=part)
+                self._event(
+                    "response.content_part.added", item_id=self.message_id, output_index=0, content_index=0, part=part
+                )
             )
         self._text.append(text)
         out.append(
@@ -512,7 +518,9 @@ class ResponsesEvents:
             ids = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
             out.append(self._event("response.output_text.done", **ids, text=text, logprobs=[]))
             out.append(self._event("response.content_part.done", **ids, part=part))
-            out.append(self._event("response.output_item.done", output_index=0, item=_message_item(self.message_id, text)))
+            out.append(
+                self._event("response.output_item.done", output_index=0, item=_message_item(self.message_id, text))
+            )
             index = 1
         for item in final["output"]:
             if item["type"] != "function_call":
@@ -522,7 +530,9 @@ class ResponsesEvents:
             ids = {"item_id": item["id"], "output_index": index}
             out.append(self._event("response.function_call_arguments.delta", **ids, delta=item["arguments"]))
             out.append(
-                self._event("response.function_call_arguments.done", **ids, name=item["name"], arguments=item["arguments"])
+                self._event(
+                    "response.function_call_arguments.done", **ids, name=item["name"], arguments=item["arguments"]
+                )
             )
             out.append(self._event("response.output_item.done", output_index=index, item=item))
             index += 1

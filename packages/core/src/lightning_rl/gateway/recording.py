@@ -38,15 +38,11 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# Attribute names semconv does not define yet (proposed for lightning_rl.semconv).
-RESPONSE_TEXT = "lightning.response_text"
-"""Everything the model generated for the choice, tool-call syntax included (decode of the ids)."""
-INPUT_MESSAGES = "gen_ai.input.messages"
-"""The request's messages (chat/responses) or prompt (completions) as JSON."""
-API = "lightning.api"
-"""Which endpoint served the call: ``chat.completions``, ``completions`` or ``responses``."""
-STREAM = "lightning.stream"
-"""Whether the call was streamed."""
+# Re-exported for callers that imported them from here.
+RESPONSE_TEXT = sc.RESPONSE_TEXT
+INPUT_MESSAGES = sc.GEN_AI_INPUT_MESSAGES
+API = sc.API
+STREAM = sc.STREAM
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +111,9 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
         attrs[sc.MODEL_VERSION] = choice.model_version
         attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [choice.finish_reason]
         attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = len(choice.token_ids) if choice.token_ids is not None else None
-        attrs[sc.TOOL_CALLS] = dumps([{"id": c.id, "name": c.name, "arguments": c.arguments} for c in choice.tool_calls])
+        attrs[sc.TOOL_CALLS] = dumps(
+            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in choice.tool_calls]
+        )
         attrs[RESPONSE_TEXT] = choice.text
         if choice.parse_error is not None:
             attrs[sc.TOOL_CALL_PARSE_ERROR] = choice.parse_error

@@ -34,6 +34,9 @@ def register(subparsers: Any) -> None:
     serve.add_argument(
         "--dsn", default=None, help="PostgreSQL DSN, e.g. postgresql://user@host/db (--backend postgres)."
     )
+    serve.add_argument(
+        "--schema", default=None, help="PostgreSQL schema for the tables, created if absent (default: public)."
+    )
     serve.add_argument("--host", default="127.0.0.1", help="Address to bind; anything but loopback needs --token.")
     serve.add_argument("--port", type=int, default=4747, help="Port to bind (0 picks a free one).")
     serve.add_argument(
@@ -70,22 +73,28 @@ def _serve(args: argparse.Namespace) -> int:
         raise ImportError(
             f"the store server needs {', '.join(missing)}: install the server extra, pip install 'lightning-rl[server]'"
         )
-    asyncio.run(_run(args.backend, args.path, args.dsn, args.host, args.port, token))
+    asyncio.run(_run(args.backend, args.path, args.dsn, args.schema, args.host, args.port, token))
     return 0
 
 
-async def _run(backend: str, path: str, dsn: str | None, host: str, port: int, token: str | None) -> None:
+async def _run(
+    backend: str, path: str, dsn: str | None, schema: str | None, host: str, port: int, token: str | None
+) -> None:
     from lightning_rl.store import open_store
+    from lightning_rl.store.base import LightningStore
     from lightning_rl.store.server import serve_store
 
-    if backend == "memory":
-        url, where = "memory://", "memory (not durable)"
-    elif backend == "postgres":
+    store: LightningStore
+    if backend == "postgres":
+        from lightning_rl.store.postgres import PostgresStore
+
         assert dsn is not None
-        url, where = dsn, "postgres"
+        store = await PostgresStore.open(dsn, schema=schema)
+        where = f"postgres (schema {schema or 'public'})"
+    elif backend == "memory":
+        store, where = await open_store("memory://"), "memory (not durable)"
     else:
-        url, where = f"sqlite:///{path}", f"sqlite {os.path.abspath(path)}"
-    store = await open_store(url)
+        store, where = await open_store(f"sqlite:///{path}"), f"sqlite {os.path.abspath(path)}"
 
     def ready(url: str) -> None:
         # Tests and scripts read this line to learn the port when --port 0.

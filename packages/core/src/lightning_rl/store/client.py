@@ -2,7 +2,9 @@
 
 Runners on other machines (or in other processes) use ``StoreClient`` exactly like an in-process
 store: every protocol method is one HTTP request to ``lightning-rl store serve``. The client is light
-(httpx + pydantic only, no web framework), so agent-side installs can use it.
+(pydantic and the standard library's asyncio streams; no web framework), so agent-side installs can
+use it, and cheap per request, so one runner process can drive hundreds of concurrent rollouts. Pass
+an ``httpx.AsyncClient`` as ``http_client`` when you need proxies or custom TLS.
 
 Failures are handled the way the store's guarantees allow:
 
@@ -25,13 +27,14 @@ imports them, so both sides cannot disagree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import ssl
 from collections.abc import Sequence
-from typing import Any
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote, urlsplit
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from lightning_rl.errors import (
@@ -54,8 +57,12 @@ from lightning_rl.types import (
     StoreStats,
 )
 
+if TYPE_CHECKING:
+    import httpx
+
 __all__ = [
     "StoreClient",
+    "TransportError",
     # wire format
     "EnqueueBody",
     "ClaimBody",
@@ -171,11 +178,186 @@ class Count(_Body):
 # --------------------------------------------------------------------------------------------
 
 _RETRY_STATUS_MIN = 500
-_JSON = {"content-type": "application/json"}
 
 
 class _Retried(Exception):
     """Internal marker: the request failed after at least one earlier try that may have landed."""
+
+
+class TransportError(ConnectionError):
+    """The request did not get a complete HTTP response. ``sent`` is False when it provably never
+    reached the server (the connection could not be opened), so even a non-idempotent call may retry."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class _Transport(Protocol):
+    async def request(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str], timeout_s: float
+    ) -> tuple[int, bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _Http11Pool:
+    """A small keep-alive HTTP/1.1 connection pool on asyncio streams.
+
+    Why not httpx's pool: at a few hundred concurrent requests its connection bookkeeping (every
+    request scans every pooled connection) costs more CPU than the store call itself. This pool is
+    a LIFO stack of idle connections: one pop, one write, one read per request.
+    """
+
+    def __init__(self, url: str, max_connections: int) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidRequestError(f"store URL must look like http://host:port, got {url!r}.")
+        self._host = parts.hostname
+        self._tls = parts.scheme == "https"
+        self._port = parts.port or (443 if self._tls else 80)
+        default_port = parts.port is None or parts.port == (443 if self._tls else 80)
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self._host_header = host if default_port else f"{host}:{self._port}"
+        self._prefix = parts.path.rstrip("/")
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._max_connections = max_connections
+        self._slots = asyncio.Semaphore(max_connections)
+        self._open: set[asyncio.StreamWriter] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def request(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str], timeout_s: float
+    ) -> tuple[int, bytes]:
+        lines = [f"{method} {self._prefix}{path} HTTP/1.1", f"host: {self._host_header}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        lines.append(f"content-length: {len(body) if body is not None else 0}")
+        payload = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop that opened them
+            for writer in self._open:
+                with contextlib.suppress(RuntimeError):  # that loop is closed
+                    writer.close()
+            self._idle.clear()
+            self._open.clear()
+            self._slots = asyncio.Semaphore(self._max_connections)
+            self._loop = loop
+        async with self._slots:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    conn = None
+                    while self._idle and conn is None:
+                        conn = self._idle.pop()
+                        if conn[0].at_eof():  # the server closed it while it sat idle
+                            self._close(conn[1])
+                            conn = None
+                    # No silent resend on a failed reused connection: the server may have applied
+                    # the request and lost only the answer; ``StoreClient`` decides what is safe.
+                    return await self._exchange(conn or await self._connect(), payload)
+            except TransportError:
+                raise
+            except (OSError, EOFError, TimeoutError, asyncio.LimitOverrunError, ValueError) as exc:
+                raise TransportError(f"{type(exc).__name__}: {exc}", sent=True) from exc
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            if self._tls:
+                conn = await asyncio.open_connection(self._host, self._port, ssl=ssl.create_default_context())
+            else:
+                conn = await asyncio.open_connection(self._host, self._port)
+        except (OSError, TimeoutError) as exc:
+            raise TransportError(f"cannot connect to {self._host}:{self._port}: {exc}", sent=False) from exc
+        self._open.add(conn[1])
+        return conn
+
+    async def _exchange(
+        self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], payload: bytes
+    ) -> tuple[int, bytes]:
+        reader, writer = conn
+        try:
+            writer.write(payload)
+            await writer.drain()
+            status, content, keep_alive = await _read_response(reader)
+        except BaseException:
+            self._close(writer)  # half-used: never hand it out again
+            raise
+        if keep_alive:
+            self._idle.append(conn)
+        else:
+            self._close(writer)
+        return status, content
+
+    def _close(self, writer: asyncio.StreamWriter) -> None:
+        self._open.discard(writer)
+        writer.close()
+
+    async def aclose(self) -> None:
+        self._idle.clear()
+        writers = list(self._open)
+        for writer in writers:
+            self._close(writer)
+        for writer in writers:
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """Status, body and whether the connection may be reused, for one HTTP/1.1 response."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head[:-4].split(b"\r\n")
+    version, status_text = lines[0].split(b" ", 2)[:2]
+    status = int(status_text)
+    length: int | None = None
+    chunked = False
+    keep_alive = version == b"HTTP/1.1"
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            keep_alive = value.strip().lower() != b"close"
+    if chunked:
+        chunks: list[bytes] = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+            if size == 0:
+                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                    pass
+                return status, b"".join(chunks), keep_alive
+            chunks.append((await reader.readexactly(size + 2))[:-2])
+    if length is not None:
+        return status, await reader.readexactly(length), keep_alive
+    if status in (204, 304) or 100 <= status < 200:
+        return status, b"", keep_alive
+    return status, await reader.read(), False  # body until the server closes
+
+
+class _HttpxTransport:
+    """Requests through a caller-supplied ``httpx.AsyncClient`` (custom TLS, proxies, hooks)."""
+
+    def __init__(self, url: str, client: httpx.AsyncClient) -> None:
+        self._url = url
+        self._client = client
+
+    async def request(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str], timeout_s: float
+    ) -> tuple[int, bytes]:
+        import httpx
+
+        try:
+            response = await self._client.request(
+                method, self._url + path, content=body, headers=headers, timeout=timeout_s
+            )
+        except httpx.TransportError as exc:
+            sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+            raise TransportError(f"{type(exc).__name__}: {exc}", sent=sent) from exc
+        return response.status_code, response.content
+
+    async def aclose(self) -> None:
+        return None  # the caller owns the client
 
 
 class StoreClient:
@@ -187,6 +369,7 @@ class StoreClient:
         timeout_s: Per-request timeout (``wait_for_rollouts`` adds its own wait on top).
         retries: How many times a failed request is retried (connection errors and 5xx only).
         backoff_s: First retry delay; doubles on each retry, capped at 2 s.
+        max_connections: Most requests in flight at once (each holds one keep-alive connection).
         http_client: An ``httpx.AsyncClient`` to use instead of the default one (custom TLS, proxies,
             transports or event hooks). The caller keeps ownership: ``close()`` does not close it.
     """
@@ -199,6 +382,7 @@ class StoreClient:
         timeout_s: float = 30.0,
         retries: int = 5,
         backoff_s: float = 0.05,
+        max_connections: int = 256,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
         if retries < 0:
@@ -207,13 +391,15 @@ class StoreClient:
         self._timeout_s = timeout_s
         self._retries = retries
         self._backoff_s = backoff_s
-        self._headers = dict(_JSON)
+        self._headers = {"content-type": "application/json"}
+        if token and any(c.isspace() for c in token):
+            raise InvalidRequestError("the store token must not contain whitespace or line breaks.")
         if token:
             self._headers["authorization"] = f"Bearer {token}"
-        self._owns_client = http_client is None
-        self._http = http_client or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=512),
+        self._transport: _Transport = (
+            _HttpxTransport(self.url, http_client)
+            if http_client is not None
+            else _Http11Pool(self.url, max_connections)
         )
 
     def __repr__(self) -> str:
@@ -343,16 +529,16 @@ class StoreClient:
         return StoreStats.model_validate_json(await self._call("GET", "/stats", None))
 
     async def health(self) -> bool:
-        """Whether the server answers ``/health`` (no retries)."""
+        """Whether the server answers ``/health`` (one try, no retries)."""
         try:
-            response = await self._http.get(f"{self.url}/health", headers=self._headers)
-        except httpx.TransportError:
+            status, _ = await self._transport.request("GET", "/health", None, self._headers, self._timeout_s)
+        except TransportError:
             return False
-        return response.status_code == 200
+        return status == 200
 
     async def close(self) -> None:
-        if self._owns_client:
-            await self._http.aclose()
+        """Close pooled connections (a caller-supplied ``http_client`` is left open)."""
+        await self._transport.aclose()
 
     # --- transport --------------------------------------------------------------------------
     async def _call(
@@ -373,29 +559,24 @@ class StoreClient:
         """
         # warnings=False: a wrongly typed argument is sent as is and the server answers 400 naming it.
         content = body.model_dump_json(warnings=False).encode() if body is not None else None
-        url = self.url + path
-        timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+        timeout = timeout_s if timeout_s is not None else self._timeout_s
         maybe_applied = False
         delay = self._backoff_s
         for attempt in range(self._retries + 1):
             last = attempt == self._retries
             try:
-                response = await self._http.request(
-                    method, url, content=content, headers=self._headers, timeout=timeout
-                )
-            except httpx.TransportError as exc:
-                never_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if last or not (safe_retry or never_sent):
+                status, raw = await self._transport.request(method, path, content, self._headers, timeout)
+            except TransportError as exc:
+                if last or not (safe_retry or not exc.sent):
                     raise StoreUnavailableError(
-                        f"store server at {self.url} unreachable ({type(exc).__name__}: {exc}) after "
-                        f"{attempt + 1} tries; check that `lightning-rl store serve` is running."
+                        f"store server at {self.url} unreachable ({exc}) after {attempt + 1} tries; "
+                        "check that `lightning-rl store serve` is running."
                     ) from exc
-                maybe_applied = maybe_applied or not never_sent
+                maybe_applied = maybe_applied or exc.sent
             else:
-                status = response.status_code
                 if status < 300:
-                    return response.content
-                error = _error_of(response)
+                    return raw
+                error = _error_of(status, raw)
                 if status < _RETRY_STATUS_MIN or last or not safe_retry:
                     if detect_retry and maybe_applied and isinstance(error, IllegalTransitionError):
                         raise _Retried(str(error)) from error
@@ -411,14 +592,13 @@ def _q(segment: str) -> str:
     return quote(segment, safe="")
 
 
-def _error_of(response: httpx.Response) -> LightningError:
+def _error_of(status: int, raw: bytes) -> LightningError:
     """The exception a server's error response describes."""
     kind: str | None = None
-    message = response.text[:2000] or response.reason_phrase
+    message = raw[:2000].decode("utf-8", "replace") or f"HTTP {status}"
     try:
-        payload = json.loads(response.content)
-        err = payload["error"]
+        err = json.loads(raw)["error"]
         kind, message = str(err["type"]), str(err["message"])
     except (ValueError, KeyError, TypeError):
         pass
-    return error_from_status(response.status_code, kind, message)
+    return error_from_status(status, kind, message)

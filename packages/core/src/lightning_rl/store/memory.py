@@ -16,9 +16,9 @@ from lightning_rl.store.base import (
     check_batch,
     check_page,
     expiry_reason,
-    now,
     same_request,
 )
+from lightning_rl.store.base import now as wall_clock
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
     Attempt,
@@ -70,7 +70,7 @@ class MemoryStore:
                     out.append(stored.model_copy(deep=True))
                     continue
                 self._seq += 1
-                t = now()
+                t = wall_clock()
                 rollout = Rollout(**req.model_dump(), seq=self._seq, created_at=t, updated_at=t)
                 self._rollouts[req.id] = rollout
                 out.append(rollout.model_copy(deep=True))
@@ -84,13 +84,13 @@ class MemoryStore:
         if not worker_id:
             raise InvalidRequestError("worker_id must be a non-empty string.")
         async with self._lock:
-            self._expire_locked(now())
+            self._expire_locked(wall_clock())
             waiting = sorted(
                 (r for r in self._rollouts.values() if r.status in (RolloutStatus.QUEUED, RolloutStatus.REQUEUED)),
                 key=lambda r: r.seq,
             )[:n]
             claims: list[Claim] = []
-            t = now()
+            t = wall_clock()
             for rollout in waiting:
                 check_rollout_transition(rollout.id, rollout.status, RolloutStatus.RUNNING)
                 rollout.status = RolloutStatus.RUNNING
@@ -113,10 +113,10 @@ class MemoryStore:
     async def heartbeat(self, attempt_id: str) -> Attempt:
         async with self._lock:
             attempt = self._get_attempt(attempt_id)
-            self._expire_locked(now())
+            self._expire_locked(wall_clock())
             if attempt.status is not AttemptStatus.RUNNING:
                 check_attempt_transition(attempt.id, attempt.status, AttemptStatus.RUNNING)
-            t = now()
+            t = wall_clock()
             attempt.heartbeat_at = t
             attempt.deadline = attempt_deadline(self._rollouts[attempt.rollout_id].config, attempt.started_at, t)
             return attempt.model_copy()
@@ -133,7 +133,7 @@ class MemoryStore:
             raise InvalidRequestError(f"finish_attempt status must be succeeded, failed or timed_out, not {status}.")
         async with self._lock:
             attempt = self._get_attempt(attempt_id)
-            self._expire_locked(now())
+            self._expire_locked(wall_clock())
             self._end_attempt(attempt, status, None, error, reward)
             self._changed.notify_all()
             return self._rollouts[attempt.rollout_id].model_copy(deep=True)
@@ -156,7 +156,7 @@ class MemoryStore:
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         async with self._lock:
-            self._expire_locked(now())
+            self._expire_locked(wall_clock())
             return self._get_rollout(rollout_id).model_copy(deep=True)
 
     async def query_rollouts(
@@ -171,7 +171,7 @@ class MemoryStore:
     ) -> list[Rollout]:
         check_page(limit, offset)
         async with self._lock:
-            self._expire_locked(now())
+            self._expire_locked(wall_clock())
             idset = set(ids) if ids is not None else None
             stset = set(status) if status is not None else None
             rows = [
@@ -189,7 +189,7 @@ class MemoryStore:
         deadline = loop.time() + max(timeout_s, 0.0)
         async with self._lock:
             while True:
-                self._expire_locked(now())
+                self._expire_locked(wall_clock())
                 ended = [self._rollouts[i] for i in ids if i in self._rollouts and self._rollouts[i].status in TERMINAL_ROLLOUT]
                 remaining = deadline - loop.time()
                 if len(ended) == len(ids) or remaining <= 0:
@@ -203,12 +203,12 @@ class MemoryStore:
     # --- attempts ---------------------------------------------------------------------------
     async def get_attempt(self, attempt_id: str) -> Attempt:
         async with self._lock:
-            self._expire_locked(now())
+            self._expire_locked(wall_clock())
             return self._get_attempt(attempt_id).model_copy()
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         async with self._lock:
-            self._expire_locked(now())
+            self._expire_locked(wall_clock())
             self._get_rollout(rollout_id)
             return [self._attempts[a].model_copy() for a in self._attempts_of.get(rollout_id, [])]
 
@@ -275,9 +275,9 @@ class MemoryStore:
             return self._resources[version - 1].model_copy(deep=True)
 
     # --- housekeeping -----------------------------------------------------------------------
-    async def expire(self, now_: float | None = None) -> int:
+    async def expire(self, now: float | None = None) -> int:
         async with self._lock:
-            n = self._expire_locked(now_ if now_ is not None else now())
+            n = self._expire_locked(now if now is not None else wall_clock())
             if n:
                 self._changed.notify_all()
             return n
@@ -300,7 +300,7 @@ class MemoryStore:
 
     async def stats(self) -> StoreStats:
         async with self._lock:
-            self._expire_locked(now())
+            self._expire_locked(wall_clock())
             rs: dict[str, int] = {}
             for r in self._rollouts.values():
                 rs[r.status.value] = rs.get(r.status.value, 0) + 1
@@ -346,7 +346,7 @@ class MemoryStore:
 
     def _set_rollout(self, rollout: Rollout, status: RolloutStatus, error: str | None) -> None:
         check_rollout_transition(rollout.id, rollout.status, status)
-        t = now()
+        t = wall_clock()
         rollout.status = status
         rollout.updated_at = t
         rollout.error = error
@@ -366,7 +366,7 @@ class MemoryStore:
         outcome = attempt_outcome(rollout, status, reason, error)
         self._set_rollout(rollout, outcome.rollout_status, outcome.error)
         attempt.status = status
-        attempt.ended_at = now()
+        attempt.ended_at = wall_clock()
         attempt.error = error
         attempt.reward = reward
         attempt.deadline = None

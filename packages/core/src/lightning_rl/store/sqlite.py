@@ -87,7 +87,6 @@ CREATE TABLE IF NOT EXISTS rollouts (
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS rollouts_waiting ON rollouts (seq) WHERE status IN {_WAITING_SQL};
-CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts (status, seq);
 CREATE INDEX IF NOT EXISTS rollouts_group ON rollouts (group_id, seq);
 CREATE INDEX IF NOT EXISTS rollouts_ended ON rollouts (ended_at) WHERE ended_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS attempts (
@@ -541,7 +540,9 @@ class SQLiteStore:
     def _claim(self, c: sqlite3.Connection, worker_id: str, n: int) -> list[Claim]:
         self._expire(c, now())
         rows = c.execute(
-            f"SELECT {_R_COLS} FROM rollouts WHERE status IN {_WAITING_SQL} ORDER BY seq LIMIT ?", (n,)
+            f"SELECT {_R_COLS} FROM rollouts INDEXED BY rollouts_waiting"
+            f" WHERE status IN {_WAITING_SQL} ORDER BY seq LIMIT ?",
+            (n,),
         ).fetchall()
         claims: list[Claim] = []
         t = now()
@@ -642,7 +643,8 @@ class SQLiteStore:
 
     def _expire(self, c: sqlite3.Connection, t: float) -> int:
         rows = c.execute(
-            f"SELECT {_A_COLS_A}, {_R_COLS_R} FROM attempts a JOIN rollouts r ON r.id = a.rollout_id"
+            f"SELECT {_A_COLS_A}, {_R_COLS_R} FROM attempts a INDEXED BY attempts_expiry"
+            " JOIN rollouts r ON r.id = a.rollout_id"
             " WHERE a.status = 'running' AND a.deadline <= ? ORDER BY a.seq",
             (t,),
         ).fetchall()

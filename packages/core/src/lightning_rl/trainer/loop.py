@@ -153,13 +153,13 @@ class Trainer:
         # 2. enqueue each task group_size times; one group id per task so GRPO compares like with like
         requests = [
             RolloutRequest(
-                id=f"s{step}-{task.id}-{k}-{svc.run_id}",
+                id=f"{svc.run_id}-s{step}-t{i}-{k}",
                 task=task,
                 group_id=f"s{step}-{task.id}",
                 resources_version=resources.version,
                 config=self._rollout_config(),
             )
-            for task in tasks
+            for i, task in enumerate(tasks)
             for k in range(cfg.group_size)
         ]
         await svc.store.enqueue(requests)
@@ -205,14 +205,14 @@ class Trainer:
         resources = await svc.store.add_resources(llm=self._llm(svc, temperature))
         requests = [
             RolloutRequest(
-                id=f"v{step}-{task.id}-{svc.run_id}-{resources.version}",
+                id=f"{svc.run_id}-v{resources.version}-t{i}",
                 task=task,
                 group_id=f"v{step}-{task.id}",
                 mode="val",
                 resources_version=resources.version,
                 config=self._rollout_config(),
             )
-            for task in tasks
+            for i, task in enumerate(tasks)
         ]
         await svc.store.enqueue(requests)
         finished = await self._wait(svc, [r.id for r in requests])

@@ -1,0 +1,165 @@
+"""The built-in demo agent: a multi-turn, tool-using calculator agent on the plain ``openai`` client.
+
+The task is an arithmetic question ("What is 37 * 12?"). The agent offers the model one tool,
+``calculator``; when the model calls it, the agent runs it and sends the result back; the model's
+final message must state the number. Reward: 1 if the last integer in the final answer is right.
+
+The demonstrations used to warm-start the tiny model reproduce a failure common to real agents:
+the demonstrator often answers "from memory" instead of calling its tool, and those answers are
+wrong. After the warm-start the model therefore knows the format but calls the tool only part of
+the time, so its reward is clearly imperfect; RL has to discover from reward alone that calling the
+tool (and copying its result) pays.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_rl.agent import LLM
+from lightning_rl.tracing import emit_signal
+from lightning_rl.types import Task
+
+__all__ = [
+    "CALCULATOR_TOOL",
+    "SYSTEM_PROMPT",
+    "calculator",
+    "calculator_agent",
+    "make_tasks",
+    "split_tasks",
+    "demonstrations",
+    "Demonstration",
+    "score_answer",
+]
+
+SYSTEM_PROMPT = "Use the calculator tool, then answer."
+MAX_TURNS = 3
+CALCULATOR_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+_OPS = ("+", "-", "*")
+_OP_NAMES = {"+": "plus", "-": "minus", "*": "times"}
+_EXPRESSION = re.compile(r"^\s*(-?\d{1,6})\s*([+\-*])\s*(-?\d{1,6})\s*$")
+_QUESTIONS = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "How much is {a} {op} {b}?")
+
+
+def calculator(expression: str) -> str:
+    """Evaluate ``a op b`` (``op`` in + - *); raise ``ValueError`` on anything else."""
+    match = _EXPRESSION.match(expression)
+    if match is None:
+        raise ValueError(f"cannot evaluate {expression!r}: use the form '12 * 34'")
+    a, op, b = int(match[1]), match[2], int(match[3])
+    return str(a + b if op == "+" else a - b if op == "-" else a * b)
+
+
+def score_answer(text: str | None, answer: int) -> float:
+    """1.0 if the last integer in ``text`` equals ``answer``, else 0.0."""
+    numbers = re.findall(r"-?\d+", text or "")
+    return 1.0 if numbers and int(numbers[-1]) == answer else 0.0
+
+
+async def calculator_agent(task: dict[str, Any], llm: LLM) -> float:
+    """Answer ``task["question"]`` using the calculator tool; returns the reward."""
+    client = llm.async_openai_client(max_retries=0, timeout=120.0)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task["question"]},
+    ]
+    try:
+        for _ in range(MAX_TURNS):
+            response = await client.chat.completions.create(
+                model=llm.model, messages=messages, tools=[CALCULATOR_TOOL], **dict(llm.sampling)
+            )
+            message = response.choices[0].message
+            if not message.tool_calls:
+                return score_answer(message.content, int(task["answer"]))
+            messages.append(message.model_dump(include={"role", "content", "tool_calls"}, exclude_none=True))
+            for call in message.tool_calls:
+                name = getattr(call, "function", None)
+                try:
+                    if name is None or call.function.name != "calculator":
+                        raise ValueError("unknown tool; the only tool is 'calculator'")
+                    result = calculator(str(json.loads(call.function.arguments).get("expression", "")))
+                except (ValueError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+                    emit_signal("tool_error", 1.0, tool_call_id=call.id)
+                    result = f"error: {exc}"
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        return 0.0  # ran out of turns without answering
+    finally:
+        await client.close()
+
+
+def make_tasks(n: int, *, seed: int, low: int = 2, high: int = 40) -> list[Task]:
+    """``n`` distinct questions ``a op b`` with ``a, b`` in ``[low, high]``, deterministic in ``seed``."""
+    rng = random.Random(seed)
+    seen: set[tuple[int, str, int]] = set()
+    tasks: list[Task] = []
+    capacity = (high - low + 1) ** 2 * len(_OPS)
+    if n > capacity:
+        raise ValueError(f"only {capacity} distinct questions exist in [{low}, {high}]; ask for fewer.")
+    while len(tasks) < n:
+        a, b, op = rng.randint(low, high), rng.randint(low, high), rng.choice(_OPS)
+        if (a, op, b) in seen:
+            continue
+        seen.add((a, op, b))
+        question = rng.choice(_QUESTIONS).format(a=a, op=op, b=b)
+        answer = int(calculator(f"{a} {op} {b}"))
+        tasks.append(Task(id=f"{a}{_OP_NAMES[op]}{b}", input={"question": question, "answer": answer, "expression": f"{a} {op} {b}"}))
+    return tasks
+
+
+def split_tasks(n_train: int, n_val: int, *, seed: int) -> tuple[list[Task], list[Task]]:
+    """Disjoint training and held-out tasks."""
+    tasks = make_tasks(n_train + n_val, seed=seed)
+    return tasks[:n_train], tasks[n_train:]
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One supervised example: the chat so far and the assistant text to produce next."""
+
+    messages: list[dict[str, Any]]
+    completion: str
+
+
+def demonstrations(tasks: Sequence[Task], *, tool_rate: float, seed: int) -> list[Demonstration]:
+    """Synthetic demonstrations: with probability ``tool_rate`` the demonstrator calls the tool and
+    copies its result; otherwise it answers from memory, off by a few (the failure RL must fix)."""
+    rng = random.Random(seed)
+    out: list[Demonstration] = []
+    for task in tasks:
+        data: dict[str, Any] = task.input
+        base = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": data["question"]}]
+        answer = int(data["answer"])
+        if rng.random() < tool_rate:
+            arguments = json.dumps({"expression": data["expression"]})
+            call = f'<tool_call>{{"name": "calculator", "arguments": {arguments}}}</tool_call>'
+            out.append(Demonstration(base, call))
+            history = base + [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_0", "content": str(answer)},
+            ]
+            out.append(Demonstration(history, f"The answer is {answer}."))
+        else:
+            guess = answer + rng.choice([-1, 1]) * rng.randint(1, 9)
+            out.append(Demonstration(base, f"The answer is {guess}."))
+    return out

@@ -1,0 +1,136 @@
+"""The tensors of a running batch: one left-padded KV cache shared by every in-flight sequence.
+
+Layout: row ``i`` of the cache holds ``L`` positions, of which the first ``L - n_i`` are padding (masked
+out by ``mask``) and the last ``n_i`` are its real tokens. Padding only ever sits on the left, so
+every row appends its next token at the same column and one forward pass serves the whole batch.
+Rotary positions come from the mask (``n_i`` real tokens so far), not from the column, so a row's
+numbers do not depend on how much padding it carries.
+
+Continuous batching: new sequences are prefilled together in their own cache, which is then padded on
+the left to the running cache's length (or the other way round) and concatenated along the batch
+axis. Finished sequences are dropped with ``index_select`` and columns that became padding for every
+remaining row are trimmed. This needs the plain ``DynamicLayer`` cache (full attention); for other
+cache kinds (sliding windows, recurrent state) ``can_merge`` is false and the scheduler only starts a
+new batch once the current one has drained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+__all__ = ["KVBatch"]
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """Pad ``tensor`` with zeros at the start of ``dim`` up to ``length``."""
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+class KVBatch:
+    """A model's KV cache for the rows of a batch, with row join/leave."""
+
+    def __init__(self, model: Any, pad_id: int, device: torch.device) -> None:
+        self._model = model
+        self._pad_id = pad_id
+        self._device = device
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None  # [B, L] int64, 1 = real token
+
+    @property
+    def size(self) -> int:
+        return 0 if self._mask is None else int(self._mask.shape[0])
+
+    @property
+    def length(self) -> int:
+        """Columns in the cache (the longest row, padding included)."""
+        return 0 if self._mask is None else int(self._mask.shape[1])
+
+    @property
+    def can_merge(self) -> bool:
+        """Whether new rows can join while others are running (plain full-attention cache)."""
+        return self._cache is None or self._plain_layers(self._cache)
+
+    @staticmethod
+    def _plain_layers(cache: Any) -> bool:
+        layers = getattr(cache, "layers", None)
+        return isinstance(layers, list) and all(type(layer) is DynamicLayer for layer in layers)  # noqa: E721
+
+    def reset(self) -> None:
+        self._cache = None
+        self._mask = None
+
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> Any:
+        return self._model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Run ``prompts`` (appended as the last rows) and return their next-token logits ``[n, V]``."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(ids, mask, positions, DynamicCache(config=self._model.config))
+        self._join(out.past_key_values, mask)
+        return out.logits[:, -1, :]
+
+    def _join(self, cache: Any, mask: torch.Tensor) -> None:
+        if self._cache is None or self._mask is None:
+            self._cache, self._mask = cache, mask
+            return
+        if not (self._plain_layers(self._cache) and self._plain_layers(cache)):
+            raise RuntimeError("cannot merge KV caches of this kind; the scheduler must wait for the batch to drain")
+        length = max(self.length, int(mask.shape[1]))
+        for old, new in zip(self._cache.layers, cache.layers, strict=True):
+            old.keys = torch.cat([_left_pad(old.keys, length, 2), _left_pad(new.keys, length, 2)], dim=0)
+            old.values = torch.cat([_left_pad(old.values, length, 2), _left_pad(new.values, length, 2)], dim=0)
+        self._mask = torch.cat([_left_pad(self._mask, length, 1), _left_pad(mask, length, 1)], dim=0)
+
+    def decode(self, next_tokens: Sequence[int]) -> torch.Tensor:
+        """Feed one token per row and return the next-token logits ``[B, V]``."""
+        assert self._mask is not None, "decode() before prefill()"
+        ids = torch.tensor(next_tokens, dtype=torch.long, device=self._device).unsqueeze(-1)
+        self._mask = torch.cat([self._mask, self._mask.new_ones((self.size, 1))], dim=1)
+        positions = self._mask.sum(-1, keepdim=True) - 1
+        out = self._forward(ids, self._mask, positions, self._cache)
+        self._cache = out.past_key_values
+        return out.logits[:, -1, :]
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (in that order), then trim columns that are padding for every row left."""
+        if not rows:
+            self.reset()
+            return
+        assert self._mask is not None
+        if len(rows) == self.size and list(rows) == list(range(self.size)):
+            return
+        index = torch.tensor(list(rows), dtype=torch.long, device=self._device)
+        self._cache.batch_select_indices(index)
+        self._mask = self._mask.index_select(0, index)
+        if not self._plain_layers(self._cache):
+            return
+        first_real = int(self._mask.any(dim=0).int().argmax())
+        if first_real > 0:
+            for layer in self._cache.layers:
+                layer.keys = layer.keys[:, :, first_real:, :]
+                layer.values = layer.values[:, :, first_real:, :]
+            self._mask = self._mask[:, first_real:]

@@ -1,0 +1,111 @@
+"""``lightning-rl gateway serve``: run the OpenAI-compatible gateway as its own process.
+
+Kept free of heavy imports: FastAPI, uvicorn, torch and transformers load only when the command
+runs, so ``lightning-rl --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+__all__ = ["register", "TOKEN_ENV"]
+
+TOKEN_ENV = "LIGHTNING_GATEWAY_TOKEN"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``gateway serve`` to the ``lightning-rl`` parser."""
+    gateway: argparse.ArgumentParser = subparsers.add_parser("gateway", help="Run the OpenAI-compatible gateway.")
+    sub = gateway.add_subparsers(dest="gateway_command", required=True, metavar="GATEWAY_COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="Serve a model over the OpenAI API and record every call of a rollout to a store.",
+        description="Serve a model over the OpenAI API. Agents use URL/v1 (not recorded) or "
+        "URL/rollouts/ROLLOUT/attempts/ATTEMPT/v1 (recorded as llm.call spans in --store).",
+    )
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--model", help="'tiny' (the offline tiny model, built once and cached) or a Hugging Face model folder."
+    )
+    source.add_argument("--upstream-url", help="An OpenAI-compatible server to forward to (vLLM keeps tokens exact).")
+    serve.add_argument("--upstream-api-key", default=None, help="API key for the upstream server.")
+    serve.add_argument("--upstream-model", default=None, help="Upstream model name (default: its first model).")
+    serve.add_argument(
+        "--store", default=None, help="Where to record calls: a store URL (http://…, postgresql://…) or SQLite path."
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="Address to bind; anything but loopback needs --token.")
+    serve.add_argument("--port", type=int, default=4748, help="Port to bind (0 picks a free one).")
+    serve.add_argument(
+        "--token", default=None, help=f"Bearer token (API key) every request must carry (default: ${TOKEN_ENV})."
+    )
+    serve.add_argument("--store-token", default=None, help="Bearer token of an HTTP store.")
+    serve.add_argument(
+        "--device", default=None, help="Torch device of the embedded engine (default: cuda if available)."
+    )
+    serve.add_argument("--max-n", type=int, default=16, help="Most choices per call.")
+    serve.add_argument("--max-tokens", type=int, default=8192, help="Most completion tokens a client may ask for.")
+    serve.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from lightning_rl.store._cli import is_loopback
+
+    token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
+    if not is_loopback(args.host) and not token:
+        raise PermissionError(
+            f"refusing to serve the gateway on {args.host} without a token: anyone who can reach it could use the "
+            f"model and write spans into your rollouts. Pass --token SECRET (or set {TOKEN_ENV}), or bind 127.0.0.1."
+        )
+    asyncio.run(_run(args, token))
+    return 0
+
+
+def _engine(model: str, device: str | None) -> Any:
+    """Load the embedded engine (heavy imports happen here)."""
+    try:
+        from lightning_rl.engine import hf
+    except ImportError as exc:
+        raise ImportError(
+            "the embedded engine needs torch and transformers: pip install 'lightning-rl[train]'"
+        ) from exc
+    if model == "tiny":
+        from lightning_rl.engine.tiny import default_tiny_model
+
+        model = str(default_tiny_model())
+    elif not os.path.isdir(model):
+        raise ValueError(f"--model {model!r} is neither 'tiny' nor a folder holding a Hugging Face model.")
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return hf.TransformersEngine.from_pretrained(model, device=device)
+
+
+async def _run(args: argparse.Namespace, token: str | None) -> None:
+    import uvicorn
+
+    from lightning_rl.gateway.app import GatewayConfig, create_gateway_app
+    from lightning_rl.gateway.backends import EngineBackend, GatewayBackend, UpstreamBackend
+
+    store = None
+    if args.store:
+        from lightning_rl.store import open_store
+
+        store = await open_store(args.store, token=args.store_token)
+    backend: GatewayBackend
+    if args.upstream_url:
+        backend = UpstreamBackend(args.upstream_url, args.upstream_api_key, model=args.upstream_model)
+    else:
+        engine = await asyncio.to_thread(_engine, args.model, args.device)
+        backend = EngineBackend(engine, owns_engine=True)
+    config = GatewayConfig(max_n=args.max_n, max_tokens_limit=args.max_tokens)
+    app = create_gateway_app(backend, store=store, token=token, config=config)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False))
+    try:
+        await server.serve()
+    finally:
+        if store is not None:
+            await store.close()

@@ -1,0 +1,678 @@
+"""The OpenAI-compatible gateway: serve a model to agents and record every call of a rollout.
+
+The agent never knows it is being trained: it is given a base URL and talks the OpenAI API.
+Which rollout a call belongs to comes from the URL (``/rollouts/{rollout}/attempts/{attempt}/v1``,
+optionally ``/roles/{role}`` before ``/v1``) or from the ``X-Lightning-Rollout`` /
+``X-Lightning-Attempt`` / ``X-Lightning-Role`` headers; a call outside any rollout is served and
+not recorded (evaluation, plain use). Recording never sits on the request path: spans go to a
+``SpanWriter`` that batches them to the store in the background.
+
+Bad input is answered the way the OpenAI API answers it (``{"error": {...}}`` with a 4xx), so agent
+frameworks surface a readable message; only a bug in the gateway gives a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from lightning_rl.engine.base import InferenceEngine, SamplingParams
+from lightning_rl.errors import LightningError, http_status
+from lightning_rl.gateway import formatting as fmt
+from lightning_rl.gateway.backends import CallSpec, EngineBackend, GatewayBackend, StreamPiece
+from lightning_rl.gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GatewayHTTPError,
+    ResponsesRequest,
+    error_response,
+    new_call_id,
+    validation_message,
+)
+from lightning_rl.gateway.recording import CallContext, CallInfo, Recorder
+from lightning_rl.store.base import LightningStore
+from lightning_rl.store.writer import SpanWriter
+
+__all__ = ["GatewayConfig", "create_gateway_app"]
+
+_log = logging.getLogger(__name__)
+_M = TypeVar("_M", bound=BaseModel)
+
+#: Model names frameworks send by default; they are mapped to the served model.
+DEFAULT_ALIASES: tuple[str, ...] = ("gpt-5.6-luna",)
+
+_PREFIXES = (
+    "",
+    "/rollouts/{rollout_id}",
+    "/rollouts/{rollout_id}/attempts/{attempt_id}",
+    "/rollouts/{rollout_id}/attempts/{attempt_id}/roles/{role}",
+)
+
+
+@dataclass
+class GatewayConfig:
+    """Limits and names. Requests beyond a limit get a 400 that names it."""
+
+    model_aliases: tuple[str, ...] = DEFAULT_ALIASES
+    """Extra model names accepted for the served model (the OpenAI Agents SDK sends ``gpt-5.6-luna``)."""
+    accept_any_model: bool = False
+    """Serve every model name instead of answering 404 for unknown ones."""
+    max_n: int = 16
+    """Most choices per call."""
+    max_tokens_limit: int = 8192
+    """Most completion tokens a client may ask for."""
+    default_max_tokens: int | None = None
+    """Completion budget when the client sets none (``None``: up to ``max_tokens_limit`` and the context)."""
+    writer_max_batch: int = 512
+    writer_flush_interval_s: float = 0.05
+    writer_max_queue: int = 100_000
+
+
+class _SSE(StreamingResponse):
+    """A stream that always closes its generator, so a client that leaves frees its batch slot at once."""
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+class _TokenGuard:
+    """Pure ASGI check of the bearer token (cheaper than a Starlette middleware)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            auth = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if auth != self._expected:
+                msg = "missing or wrong API key: send 'Authorization: Bearer <the gateway token>'."
+                await error_response(401, msg, type="authentication_error", code="invalid_api_key")(
+                    scope, receive, send
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+def _context(request: Request) -> CallContext:
+    pp = request.path_params
+    h = request.headers
+    return CallContext(
+        pp.get("rollout_id") or h.get("x-lightning-rollout") or None,
+        pp.get("attempt_id") or h.get("x-lightning-attempt") or None,
+        pp.get("role") or h.get("x-lightning-role") or None,
+    )
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GatewayHTTPError(400, f"the request body is not valid JSON ({exc}); send a JSON object.") from exc
+    if not isinstance(data, dict):
+        raise GatewayHTTPError(400, "the request body must be a JSON object.")
+    return data
+
+
+def _validate(model: type[_M], body: dict[str, Any]) -> _M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise GatewayHTTPError(400, message, param=param) from exc
+
+
+def _failure(exc: BaseException) -> Response:
+    if isinstance(exc, GatewayHTTPError):
+        return exc.response()
+    if isinstance(exc, LightningError):
+        status = http_status(exc)
+        if status != 500:
+            return error_response(status, str(exc))
+    if isinstance(exc, ValueError):
+        return error_response(400, str(exc))
+    if isinstance(exc, ConnectionError):
+        return error_response(503, str(exc), type="service_unavailable")
+    _log.exception("gateway error", exc_info=exc)
+    return error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}", type="server_error")
+
+
+def _content_text(content: Any) -> Any:
+    """Chat content parts (``[{"type": "text", "text": ...}]``) as one string for the chat template."""
+    if isinstance(content, list):
+        out: list[str] = []
+        for part in content:
+            if isinstance(part, dict):
+                if part.get("type") in ("image_url", "input_audio", "file"):
+                    raise GatewayHTTPError(400, "this model accepts text only; remove image, audio and file parts.")
+                out.append(str(part.get("text") or ""))
+            else:
+                out.append(str(part))
+        return "".join(out)
+    return content
+
+
+class _Gateway:
+    """The app's state and handlers (one instance per app)."""
+
+    def __init__(
+        self, backend: GatewayBackend, store: LightningStore | None, config: GatewayConfig, writer: SpanWriter | None
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self.config = config
+        self.writer = writer
+        self.recorder = Recorder(writer, store)
+        self.requests: Counter[str] = Counter()
+        self.errors: Counter[int] = Counter()
+        self.streams_cancelled = 0
+        self.in_flight = 0
+
+    # --- validation -------------------------------------------------------------------------
+    def _model(self, requested: str | None) -> str:
+        served = self.backend.model_name
+        if requested is None or requested == served or requested in self.config.model_aliases:
+            return served
+        if self.config.accept_any_model:
+            return served
+        raise GatewayHTTPError(
+            404,
+            f"the model {requested!r} does not exist here; this gateway serves {served!r}.",
+            type="invalid_request_error",
+            param="model",
+            code="model_not_found",
+        )
+
+    def _limits(self, n: int, max_tokens: int | None, param: str = "max_tokens") -> int:
+        cfg = self.config
+        if n > cfg.max_n:
+            raise GatewayHTTPError(400, f"n={n} is above this gateway's limit of {cfg.max_n}.", param="n")
+        if max_tokens is not None and max_tokens > cfg.max_tokens_limit:
+            raise GatewayHTTPError(
+                400,
+                f"{param}={max_tokens} is above this gateway's limit of {cfg.max_tokens_limit}.",
+                param=param,
+            )
+        return max_tokens or cfg.default_max_tokens or cfg.max_tokens_limit
+
+    def _params(
+        self,
+        temperature: float | None,
+        top_p: float | None,
+        max_tokens: int,
+        stop: list[str],
+        seed: int | None,
+        top_logprobs: int,
+    ) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if temperature is None else temperature,
+            top_p=1.0 if top_p is None else top_p,
+            stop=stop,
+            seed=seed,
+            top_logprobs=top_logprobs,
+        )
+
+    def _info(
+        self,
+        api: str,
+        operation: str,
+        request_model: str | None,
+        rid: str,
+        stream: bool,
+        start_ns: int,
+        spec: CallSpec,
+        inputs: Any,
+    ) -> CallInfo:
+        return CallInfo(
+            api,
+            operation,
+            request_model,
+            self.backend.model_name,
+            rid,
+            stream,
+            start_ns,
+            time.time_ns(),
+            spec.params.temperature,
+            spec.params.top_p,
+            spec.max_tokens_requested,
+            inputs,
+        )
+
+    # --- /v1/models -------------------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        now = int(time.time())
+        names = [self.backend.model_name, *self.config.model_aliases]
+        data = [{"id": m, "object": "model", "created": now, "owned_by": "lightning"} for m in names]
+        return JSONResponse({"object": "list", "data": data})
+
+    # --- /v1/chat/completions ---------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        start_ns = time.time_ns()
+        self.requests["chat.completions"] += 1
+        try:
+            body = await _body(request)
+            req = _validate(ChatCompletionRequest, body)
+            self._model(req.model)
+            n = req.n or 1
+            requested = req.max_completion_tokens or req.max_tokens
+            param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+            max_tokens = self._limits(n, requested, param)
+            messages = [
+                dict(m, content=_content_text(m["content"])) if isinstance(m.get("content"), list) else m
+                for m in req.messages
+            ]
+            want_lp = bool(req.logprobs)
+            params = self._params(
+                req.temperature,
+                req.top_p,
+                max_tokens,
+                req.stop_list(),
+                req.seed,
+                (req.top_logprobs or 0) if want_lp else 0,
+            )
+            spec = CallSpec(
+                "chat",
+                params,
+                n,
+                requested,
+                messages=messages,
+                tools=req.tools or None,
+                tool_choice=req.tool_choice,
+                want_logprobs=want_lp,
+                body=body,
+            )
+            ctx = _context(request)
+            rid = new_call_id("chatcmpl-")
+            created = int(time.time())
+            model = self.backend.model_name
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                pieces = await self._open_stream(spec)
+
+                def chunks(acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
+                    return self._chat_chunks(pieces, acc, rid, created, model, want_lp, include_usage)
+
+                return self._sse(
+                    chunks, n, ctx, "chat.completions", "chat", req.model, rid, start_ns, spec, req.messages
+                )
+            self.in_flight += 1
+            try:
+                result = await self.backend.run(spec)
+            finally:
+                self.in_flight -= 1
+            info = self._info("chat.completions", "chat", req.model, rid, False, start_ns, spec, req.messages)
+            self.recorder.record(ctx, info, result)
+            return JSONResponse(fmt.chat_response(rid, created, model, result, want_lp))
+        except Exception as exc:
+            return self._error(exc)
+
+    async def _chat_chunks(
+        self,
+        pieces: AsyncGenerator[StreamPiece],
+        acc: fmt.StreamAccumulator,
+        rid: str,
+        created: int,
+        model: str,
+        want_lp: bool,
+        include_usage: bool,
+    ) -> AsyncGenerator[str]:
+        started: set[int] = set()
+        async for piece in pieces:
+            acc.add(piece)
+            if piece.index < 0:
+                continue
+            first = piece.index not in started
+            started.add(piece.index)
+            yield fmt.chat_chunk(rid, created, model, piece, want_lp, acc, first=first)
+        if include_usage:
+            result = acc.result()
+            chunk = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": fmt.usage(result.prompt_tokens, result.completion_tokens),
+            }
+            yield fmt.sse(chunk)
+        yield "data: [DONE]\n\n"
+
+    # --- /v1/completions --------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        start_ns = time.time_ns()
+        self.requests["completions"] += 1
+        try:
+            body = await _body(request)
+            req = _validate(CompletionRequest, body)
+            self._model(req.model)
+            n = req.n or 1
+            max_tokens = self._limits(n, req.max_tokens)
+            prompts = _prompts(req.prompt)
+            want_lp = req.logprobs is not None
+            params = self._params(req.temperature, req.top_p, max_tokens, req.stop_list(), req.seed, req.logprobs or 0)
+            specs = [
+                CallSpec("completion", params, n, req.max_tokens, prompt=p, want_logprobs=want_lp, body=body)
+                for p in prompts
+            ]
+            ctx = _context(request)
+            rid = new_call_id("cmpl-")
+            created = int(time.time())
+            model = self.backend.model_name
+            if req.stream:
+                if len(specs) != 1:
+                    raise GatewayHTTPError(400, "streaming accepts a single prompt; send one request per prompt.")
+                spec = specs[0]
+                pieces = await self._open_stream(spec)
+
+                async def chunks(acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
+                    async for piece in pieces:
+                        acc.add(piece)
+                        if piece.index >= 0:
+                            yield fmt.completion_chunk(rid, created, model, piece, want_lp, acc)
+                    yield "data: [DONE]\n\n"
+
+                return self._sse(
+                    chunks, n, ctx, "completions", "text_completion", req.model, rid, start_ns, spec, spec.prompt
+                )
+            self.in_flight += 1
+            try:
+                results = await asyncio.gather(*(self.backend.run(s) for s in specs))
+            finally:
+                self.in_flight -= 1
+            for spec, result in zip(specs, results, strict=True):
+                info = self._info("completions", "text_completion", req.model, rid, False, start_ns, spec, spec.prompt)
+                self.recorder.record(ctx, info, result)
+            return JSONResponse(fmt.completion_response(rid, created, model, list(results), n, want_lp))
+        except Exception as exc:
+            return self._error(exc)
+
+    # --- /v1/responses ----------------------------------------------------------------------
+    async def responses(self, request: Request) -> Response:
+        start_ns = time.time_ns()
+        self.requests["responses"] += 1
+        try:
+            body = await _body(request)
+            req = _validate(ResponsesRequest, body)
+            self._model(req.model)
+            max_tokens = self._limits(1, req.max_output_tokens, "max_output_tokens")
+            messages = fmt.responses_messages(req)
+            tools = fmt.responses_tools(req.tools)
+            tool_choice = fmt.responses_tool_choice(req.tool_choice)
+            params = self._params(req.temperature, req.top_p, max_tokens, [], req.seed, 0)
+            chat_body: dict[str, Any] = {"model": req.model, "messages": messages, "n": 1, "max_tokens": max_tokens}
+            for key in ("temperature", "top_p", "seed", "parallel_tool_calls"):
+                if body.get(key) is not None:
+                    chat_body[key] = body[key]
+            if tools:
+                chat_body["tools"] = tools
+                if tool_choice is not None:
+                    chat_body["tool_choice"] = tool_choice
+            spec = CallSpec(
+                "chat",
+                params,
+                1,
+                req.max_output_tokens,
+                messages=messages,
+                tools=tools,
+                tool_choice=tool_choice,
+                body=chat_body,
+            )
+            ctx = _context(request)
+            rid = new_call_id("resp_")
+            created = int(time.time())
+            model = self.backend.model_name
+            if req.stream:
+                events = fmt.ResponsesEvents(rid, created, model, req)
+                pieces = await self._open_stream(spec)
+
+                async def chunks(acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
+                    for event in events.start():
+                        yield event
+                    async for piece in pieces:
+                        acc.add(piece)
+                        if piece.index == 0:
+                            for event in events.text_delta(piece.text):
+                                yield event
+                    for event in events.finish(acc.result()):
+                        yield event
+
+                return self._sse(chunks, 1, ctx, "responses", "chat", req.model, rid, start_ns, spec, messages)
+            self.in_flight += 1
+            try:
+                result = await self.backend.run(spec)
+            finally:
+                self.in_flight -= 1
+            info = self._info("responses", "chat", req.model, rid, False, start_ns, spec, messages)
+            self.recorder.record(ctx, info, result)
+            message_id = "msg_" + rid.removeprefix("resp_")[:24]
+            return JSONResponse(fmt.response_object(rid, created, model, req, result, message_id=message_id))
+        except Exception as exc:
+            return self._error(exc)
+
+    # --- streaming plumbing -----------------------------------------------------------------
+    async def _open_stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]:
+        """Start a backend stream and wait for its first piece, so early errors (prompt too long,
+        upstream down) become a proper error response instead of a broken stream."""
+        stream = self.backend.stream(spec)
+        try:
+            first = await anext(stream)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await stream.aclose()
+            raise
+
+        async def chained() -> AsyncGenerator[StreamPiece]:
+            try:
+                if first is not None:
+                    yield first
+                async for piece in stream:
+                    yield piece
+            finally:
+                await stream.aclose()
+
+        return chained()
+
+    def _sse(
+        self,
+        make_chunks: Callable[[fmt.StreamAccumulator], AsyncGenerator[str]],
+        n: int,
+        ctx: CallContext,
+        api: str,
+        operation: str,
+        request_model: str | None,
+        rid: str,
+        start_ns: int,
+        spec: CallSpec,
+        inputs: Any,
+    ) -> Response:
+        acc = fmt.StreamAccumulator(n)
+        chunks = make_chunks(acc)
+
+        async def body() -> AsyncGenerator[str]:
+            self.in_flight += 1
+            finished = False
+            try:
+                async for chunk in chunks:
+                    yield chunk
+                finished = True
+            except Exception as exc:  # mid-stream failure: tell the client in-band, keep the server up
+                _log.warning("stream %s failed: %s", rid, exc)
+                error = {"message": f"the stream failed: {exc}", "type": "server_error", "param": None, "code": None}
+                yield fmt.sse({"error": error})
+            finally:
+                self.in_flight -= 1
+                await chunks.aclose()
+                if finished:
+                    info = self._info(api, operation, request_model, rid, True, start_ns, spec, inputs)
+                    self.recorder.record(ctx, info, acc.result())
+                else:
+                    self.streams_cancelled += 1
+
+        return _SSE(body(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    def _error(self, exc: BaseException) -> Response:
+        response = _failure(exc)
+        self.errors[response.status_code] += 1
+        return response
+
+    # --- operations -------------------------------------------------------------------------
+    async def metrics(self, request: Request) -> Response:
+        values = self.metric_values()
+        if request.query_params.get("format") == "json" or "application/json" in request.headers.get("accept", ""):
+            return JSONResponse(values)
+        lines: list[str] = []
+        for name, value in values.items():
+            if isinstance(value, dict):
+                lines.append(f"# TYPE lightning_gateway_{name} counter")
+                label = "status" if name == "errors_total" else "api"
+                for key, v in value.items():
+                    lines.append(f'lightning_gateway_{name}{{{label}="{key}"}} {v}')
+            else:
+                lines.append(f"lightning_gateway_{name} {value}")
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    def metric_values(self) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            "requests_total": dict(self.requests),
+            "errors_total": {str(k): v for k, v in self.errors.items()},
+            "in_flight": self.in_flight,
+            "streams_cancelled_total": self.streams_cancelled,
+            "calls_recorded_total": self.recorder.recorded,
+            "calls_unattributed_total": self.recorder.unattributed,
+            "model_version": self.backend.version or 0,
+        }
+        if self.writer is not None:
+            s = self.writer.stats()
+            values.update(
+                spans_written_total=s.written,
+                spans_pending=s.pending,
+                spans_dropped_total=s.dropped,
+                spans_rejected_total=s.rejected,
+                span_write_retries_total=s.retries,
+            )
+        return values
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.backend.model_name, "version": self.backend.version})
+
+    async def admin_weights(self, request: Request) -> Response:
+        """Swap weights (embedded engine) or record the upstream's new version: ``{"path", "version"}``."""
+        try:
+            body = await _body(request)
+            version = body.get("version")
+            path = body.get("path")
+            if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+                raise GatewayHTTPError(400, "'version' must be a non-negative integer.", param="version")
+            if path is not None and not isinstance(path, str):
+                raise GatewayHTTPError(400, "'path' must be the path of a state dict saved with torch.save.")
+            try:
+                await self.backend.load_weights(path, version)
+            except FileNotFoundError as exc:
+                raise GatewayHTTPError(400, f"no weights file at {path!r}: {exc}", param="path") from exc
+            return JSONResponse({"version": self.backend.version})
+        except Exception as exc:
+            return self._error(exc)
+
+
+def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise GatewayHTTPError(400, "prompt is empty: send text or token ids.", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [[int(p) for p in prompt]]  # type: ignore[union-attr]
+    out: list[str | list[int]] = []
+    for p in prompt:
+        if isinstance(p, str):
+            out.append(p)
+        elif isinstance(p, list):
+            if not p:
+                raise GatewayHTTPError(400, "a token-id prompt is empty.", param="prompt")
+            out.append([int(t) for t in p])
+    return out
+
+
+def create_gateway_app(
+    backend: GatewayBackend | InferenceEngine,
+    *,
+    store: LightningStore | None = None,
+    token: str | None = None,
+    config: GatewayConfig | None = None,
+    writer: SpanWriter | None = None,
+) -> FastAPI:
+    """The gateway as an ASGI app.
+
+    Args:
+        backend: An ``EngineBackend``, an ``UpstreamBackend``, or an ``InferenceEngine`` (wrapped in
+            an ``EngineBackend``).
+        store: Where calls of a rollout are recorded; ``None`` serves without recording.
+        token: When set, every request must carry ``Authorization: Bearer <token>`` (the agent's API key).
+        config: Limits and model aliases.
+        writer: A ``SpanWriter`` to record through (default: one over ``store``, closed with the app).
+    """
+    if isinstance(backend, InferenceEngine):
+        backend = EngineBackend(backend)
+    config = config or GatewayConfig()
+    own_writer = writer is None and store is not None
+    if own_writer:
+        assert store is not None
+        writer = SpanWriter(
+            store,
+            max_batch=config.writer_max_batch,
+            flush_interval_s=config.writer_flush_interval_s,
+            max_queue=config.writer_max_queue,
+        )
+    gw = _Gateway(backend, store, config, writer)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncGenerator[None]:
+        await gw.backend.start()
+        try:
+            yield
+        finally:
+            await gw.recorder.drain()
+            if writer is not None:
+                if own_writer:
+                    await writer.close(timeout=10.0)
+                else:
+                    await writer.flush(timeout=10.0)
+            await gw.backend.aclose()
+
+    app = FastAPI(title="Lightning gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gw
+    routes: list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]] = [
+        ("/v1/models", gw.models, ["GET"]),
+        ("/v1/chat/completions", gw.chat, ["POST"]),
+        ("/v1/completions", gw.completions, ["POST"]),
+        ("/v1/responses", gw.responses, ["POST"]),
+    ]
+    for prefix in _PREFIXES:
+        for path, handler, methods in routes:
+            app.add_route(prefix + path, handler, methods=methods, include_in_schema=False)
+    app.add_route("/metrics", gw.metrics, methods=["GET"], include_in_schema=False)
+    app.add_route("/health", gw.health, methods=["GET"], include_in_schema=False)
+    app.add_route("/admin/weights", gw.admin_weights, methods=["POST"], include_in_schema=False)
+    if token:
+        app.add_middleware(_TokenGuard, token=token)
+    return app

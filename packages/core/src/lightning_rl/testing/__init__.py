@@ -1,0 +1,27 @@
+"""Test doubles shipped with the core, for testing the layers above them (and for users' tests).
+
+Everything here is a fake, named as one: ``FakeUpstream`` is a scripted stand-in for a vLLM server.
+Exports are lazy so importing this package costs nothing until a double is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_rl.testing.fake_upstream import (
+        FakeReply,
+        FakeToolCall,
+        FakeUpstream,
+        fake_token_ids,
+        fast_upstream_app,
+    )
+
+__all__ = ["FakeReply", "FakeToolCall", "FakeUpstream", "fake_token_ids", "fast_upstream_app"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("lightning_rl.testing.fake_upstream"), name)
+    raise AttributeError(f"module 'lightning_rl.testing' has no attribute {name!r}")

@@ -1,0 +1,112 @@
+"""The embedded services one training run needs, started and stopped together.
+
+A SQLite store in the run folder (durable: a crash loses no acknowledged data), the inference
+engine behind the OpenAI-compatible gateway on a free loopback port, the torch policy backend
+(a second copy of the weights that ``publish()`` swaps into the engine), and an in-process runner
+executing the agent. Everything shares one event loop; the engine decodes on its own thread and
+the update runs in a worker thread, so the gateway keeps answering throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from lightning_rl.agent import AgentFn
+from lightning_rl.backends.torch_backend import TorchBackend
+from lightning_rl.store.base import LightningStore
+from lightning_rl.trainer.config import TrainerConfig
+
+__all__ = ["Services", "start_services", "resolve_model"]
+
+
+@dataclass
+class Services:
+    store: LightningStore
+    backend: TorchBackend
+    engine: Any
+    gateway: Any
+    gateway_url: str
+    model_name: str
+    run_id: str
+    console: Console
+
+    async def flush_spans(self, timeout_s: float = 60.0) -> None:
+        """Wait until every LLM call the gateway served so far is recorded in the store."""
+        await self.gateway.recorder.drain()
+        if self.gateway.writer is not None:
+            await self.gateway.writer.flush(timeout=timeout_s)
+
+
+def resolve_model(model: str, cache_dir: Path | None = None) -> Path:
+    """``tiny`` -> the locally built tiny model (cached); anything else is an HF folder or hub name."""
+    if model == "tiny":
+        from lightning_rl.engine.tiny import default_tiny_model
+
+        return default_tiny_model(cache_dir)
+    return Path(model)
+
+
+@contextlib.asynccontextmanager
+async def start_services(config: TrainerConfig, agent: AgentFn) -> AsyncIterator[Services]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lightning_rl.engine.hf import TransformersEngine
+    from lightning_rl.gateway import create_gateway_app
+    from lightning_rl.gateway.server import running_gateway
+    from lightning_rl.runner import Runner
+    from lightning_rl.store.sqlite import SQLiteStore
+
+    run_dir = Path(config.run_dir)
+    model_path = resolve_model(config.model)
+    torch.manual_seed(config.seed)
+    store = SQLiteStore(run_dir / "store.sqlite")
+    engine = TransformersEngine.from_pretrained(
+        model_path, device=config.device, max_batch_size=max(config.concurrency, 1)
+    )
+    policy = AutoModelForCausalLM.from_pretrained(model_path)
+
+    async def publish(state: Mapping[str, torch.Tensor], version: int) -> None:
+        await engine.load_weights(state, version)
+
+    backend = TorchBackend(
+        policy,
+        config.backend,
+        pad_token_id=int(engine.tokenizer.pad_token_id or 0),
+        publisher=publish,
+        version=engine.version,
+    )
+    app = create_gateway_app(engine, store=store)
+    stop = asyncio.Event()
+    runner = Runner(store, agent, concurrency=config.concurrency, poll_interval_s=0.05, heartbeat_interval_s=5.0)
+    try:
+        async with running_gateway(app) as url:
+            runner_task = asyncio.create_task(runner.run(stop), name="lightning-runner")
+            try:
+                yield Services(
+                    store=store,
+                    backend=backend,
+                    engine=engine,
+                    gateway=app.state.gateway,
+                    gateway_url=url,
+                    model_name=engine.model_name,
+                    run_id=uuid.uuid4().hex[:8],
+                    console=Console(),
+                )
+            finally:
+                stop.set()
+                try:
+                    await asyncio.wait_for(runner_task, timeout=config.rollout_timeout_s + 10)
+                except TimeoutError:
+                    runner_task.cancel()
+    finally:
+        engine.close()
+        await store.close()

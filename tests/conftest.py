@@ -1,0 +1,112 @@
+"""Fixtures shared by every test folder.
+
+``store`` runs a test once per store backend (memory, SQLite, PostgreSQL, and the HTTP client in
+front of a SQLite-backed server), which is how the backends are kept from drifting apart.
+``postgres_dsn`` gives a PostgreSQL DSN: from ``LIGHTNING_TEST_POSTGRES_DSN`` when set (then it
+must work: CI sets it), otherwise the local default, skipping only when that cannot connect.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from lightning_rl.store.base import LightningStore
+from lightning_rl.store.memory import MemoryStore
+
+DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+POSTGRES_ENV = "LIGHTNING_TEST_POSTGRES_DSN"
+
+STORE_BACKENDS = [
+    "memory",
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    "http",
+]
+
+
+def _probe_postgres(dsn: str) -> str | None:
+    """None if ``dsn`` accepts a connection, else why not."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        return f"psycopg is not installed ({exc}); install lightning-rl[postgres]"
+    try:
+        with psycopg.connect(dsn, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return f"cannot connect to PostgreSQL at {dsn}: {exc}".strip()
+    return None
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> str:
+    """A PostgreSQL DSN that works. Fails (not skips) if the env var is set but unusable."""
+    dsn = os.environ.get(POSTGRES_ENV)
+    if dsn:
+        problem = _probe_postgres(dsn)
+        if problem:
+            pytest.fail(f"{POSTGRES_ENV} is set but unusable: {problem}")
+        return dsn
+    problem = _probe_postgres(DEFAULT_POSTGRES_DSN)
+    if problem:
+        pytest.skip(f"{POSTGRES_ENV} is unset and the default DSN does not work: {problem}")
+    return DEFAULT_POSTGRES_DSN
+
+
+@pytest.fixture
+def postgres_schema(postgres_dsn: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL schema name for one test; dropped (with its tables) afterwards."""
+    import psycopg
+    from psycopg import sql
+
+    name = f"lt_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LightningStore]:
+    """A fresh, empty store of each backend kind."""
+    kind: str = request.param
+    if kind == "memory":
+        memory = MemoryStore()
+        yield memory
+        await memory.close()
+    elif kind == "sqlite":
+        from lightning_rl.store.sqlite import SQLiteStore
+
+        sqlite = SQLiteStore(tmp_path / "store.db")
+        yield sqlite
+        await sqlite.close()
+    elif kind == "postgres":
+        from lightning_rl.store.postgres import PostgresStore
+
+        dsn: str = request.getfixturevalue("postgres_dsn")
+        schema: str = request.getfixturevalue("postgres_schema")
+        pg = await PostgresStore.open(dsn, schema=schema)
+        yield pg
+        await pg.close()
+    else:
+        try:
+            from lightning_rl.store.client import StoreClient
+            from lightning_rl.store.server import running_store_server
+        except ImportError as exc:
+            pytest.skip(f"HTTP store server/client not importable yet: {exc}")
+        from lightning_rl.store.sqlite import SQLiteStore
+
+        backend = SQLiteStore(tmp_path / "http-store.db")
+        try:
+            async with running_store_server(backend) as url:
+                client = StoreClient(url)
+                try:
+                    yield client
+                finally:
+                    await client.close()
+        finally:
+            await backend.close()

@@ -1,0 +1,176 @@
+"""Dynamic batching, streaming, cancellation and weight swaps under concurrent traffic."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_rl.engine import SamplingParams
+from lightning_rl.engine.base import GenerationOutput
+from lightning_rl.engine.hf import TransformersEngine
+
+from .test_engine_generate import reference_logprobs
+
+
+@pytest.fixture
+def fresh(tiny_path: Path) -> Iterator[TransformersEngine]:
+    """A private engine for tests that swap weights or count scheduler events."""
+    with TransformersEngine.from_pretrained(tiny_path, max_batch_size=8, batch_wait_s=0.02) as engine:
+        yield engine
+
+
+def prompts(engine: TransformersEngine, n: int) -> list[list[int]]:
+    words = "one two three four five six seven eight nine ten".split()
+    return [engine.encode_chat([{"role": "user", "content": " ".join(words[: i + 1])}], None) for i in range(n)]
+
+
+async def test_concurrent_requests_share_a_batch_and_match_sequential(fresh: TransformersEngine) -> None:
+    batch = prompts(fresh, 8)  # different lengths: left padding is exercised
+    params = [SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=i) for i in range(8)]
+    together = await asyncio.gather(*(fresh.generate(p, s) for p, s in zip(batch, params, strict=True)))
+    stats = fresh.stats()
+    assert stats.prefill_sizes == [8] and stats.peak_batch == 8
+    alone = [await fresh.generate(p, s) for p, s in zip(batch, params, strict=True)]
+    assert fresh.stats().peak_batch == 8 and fresh.stats().prefill_sizes[1:] == [1] * 8
+    for ids, a, b in zip(batch, together, alone, strict=True):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+        assert torch.allclose(
+            torch.tensor(a.logprobs), reference_logprobs(fresh, ids, a.token_ids, 0.8, 0.95), atol=1e-4
+        )
+        assert fresh.decode(a.token_ids) == a.text
+
+
+async def test_requests_join_a_running_batch(fresh: TransformersEngine) -> None:
+    """Continuous batching: later arrivals join between decode steps and their logprobs stay exact."""
+    batch = prompts(fresh, 5)
+    long_stream = fresh.stream(batch[0], SamplingParams(max_tokens=60, seed=0))
+    first = await anext(long_stream)
+    late = [fresh.generate(p, SamplingParams(max_tokens=10, seed=i, temperature=0.7)) for i, p in enumerate(batch[1:])]
+    outs = await asyncio.gather(*late)
+    rest = [delta async for delta in long_stream]
+    assert rest[-1].finish_reason == "length"
+    assert len(first.token_ids) + sum(len(d.token_ids) for d in rest) == 60
+    stats = fresh.stats()
+    assert stats.peak_batch == 5 and stats.prefill_sizes == [1, 4]
+    for ids, out in zip(batch[1:], outs, strict=True):
+        reference = reference_logprobs(fresh, ids, out.token_ids, 0.7, 1.0)
+        assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
+
+
+async def test_more_requests_than_slots_wait_their_turn(tiny_path: Path) -> None:
+    with TransformersEngine.from_pretrained(tiny_path, max_batch_size=3, batch_wait_s=0.02) as engine:
+        outs = await asyncio.gather(
+            *(engine.generate(p, SamplingParams(max_tokens=8, seed=1)) for p in prompts(engine, 7))
+        )
+        assert all(len(o.token_ids) == 8 for o in outs)
+        stats = engine.stats()
+        assert stats.peak_batch == 3 and stats.finished == 7 and stats.running == 0 and stats.waiting == 0
+
+
+async def test_stream_matches_generate(engine: TransformersEngine) -> None:
+    ids = prompts(engine, 3)[2]
+    for stop in ([], ["e", "th"]):
+        params = SamplingParams(max_tokens=40, seed=5, temperature=0.9, stop=stop)
+        whole = await engine.generate(ids, params)
+        deltas = [d async for d in engine.stream(ids, params)]
+        assert [t for d in deltas for t in d.token_ids] == whole.token_ids
+        assert [lp for d in deltas for lp in d.logprobs] == whole.logprobs
+        assert "".join(d.text for d in deltas) == whole.text
+        assert deltas[-1].finish_reason == whole.finish_reason
+        assert all(d.finish_reason is None for d in deltas[:-1])
+        if stop:
+            assert all(s not in d.text for d in deltas for s in stop)
+
+
+async def test_cancelling_a_stream_frees_its_slot(tiny_path: Path) -> None:
+    with TransformersEngine.from_pretrained(tiny_path, max_batch_size=1) as engine:
+        ids = prompts(engine, 1)[0]
+        stream = engine.stream(ids, SamplingParams(max_tokens=2000, seed=0))
+        await anext(stream)
+        await anext(stream)
+        await stream.aclose()
+        # With one slot, this only finishes if the cancelled stream gave its slot back.
+        out = await asyncio.wait_for(engine.generate(ids, SamplingParams(max_tokens=5)), timeout=20)
+        assert len(out.token_ids) == 5
+        stats = engine.stats()
+        assert stats.cancelled == 1 and stats.running == 0
+
+
+async def test_cancelling_a_generate_task_frees_its_slot(tiny_path: Path) -> None:
+    with TransformersEngine.from_pretrained(tiny_path, max_batch_size=1) as engine:
+        ids = prompts(engine, 1)[0]
+        task = asyncio.create_task(engine.generate(ids, SamplingParams(max_tokens=2000, seed=0)))
+        while engine.stats().running == 0:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        out = await asyncio.wait_for(engine.generate(ids, SamplingParams(max_tokens=5)), timeout=20)
+        assert len(out.token_ids) == 5 and engine.stats().cancelled == 1
+
+
+def perturbed(engine: TransformersEngine, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in engine.model.state_dict().items()}
+
+
+async def test_weight_swap_during_traffic(fresh: TransformersEngine) -> None:
+    weights = {0: {k: v.clone() for k, v in fresh.model.state_dict().items()}}
+    weights[1], weights[2] = perturbed(fresh, 1), perturbed(fresh, 2)
+    batch = prompts(fresh, 6)
+
+    async def client(i: int) -> list[tuple[list[int], GenerationOutput]]:
+        results: list[tuple[list[int], GenerationOutput]] = []
+        for j in range(4):
+            ids = batch[(i + j) % len(batch)]
+            results.append((ids, await fresh.generate(ids, SamplingParams(max_tokens=6 + i, seed=i * 10 + j))))
+        return results
+
+    async def trainer() -> None:
+        for version in (1, 2):
+            await asyncio.sleep(0.05)
+            await fresh.load_weights(weights[version], version)
+            assert fresh.version == version
+
+    *per_client, _ = await asyncio.gather(*(client(i) for i in range(6)), trainer())
+    results = [r for rs in per_client for r in rs]
+    assert len(results) == 24 and fresh.stats().failed == 0
+    versions = {out.model_version for _, out in results}
+    assert versions <= {0, 1, 2} and 2 in versions
+    # Each output's logprobs are those of the weights it names: one version per completion.
+    for version in sorted(versions):
+        fresh.model.load_state_dict(weights[version])
+        for ids, out in (r for r in results if r[1].model_version == version):
+            reference = reference_logprobs(fresh, ids, out.token_ids, 1.0, 1.0)
+            assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
+    fresh.model.load_state_dict(weights[2])
+    after = await fresh.generate(batch[0], SamplingParams(max_tokens=3))
+    assert after.model_version == 2
+
+
+async def test_load_weights_validation_and_tied_keys(fresh: TransformersEngine) -> None:
+    state = {k: v.clone() for k, v in fresh.model.state_dict().items()}
+    with pytest.raises(ValueError, match="does not have"):
+        await fresh.load_weights({**state, "nope.weight": torch.zeros(1)}, 1)
+    with pytest.raises(ValueError, match="missing"):
+        await fresh.load_weights({k: v for k, v in state.items() if "layers.0." not in k}, 1)
+    shape_key = next(iter(state))
+    with pytest.raises(ValueError, match="shape"):
+        await fresh.load_weights({**state, shape_key: torch.zeros(3)}, 1)
+    # Tied embeddings: the output projection may be left out (safetensors files do so).
+    tied = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    assert "lm_head.weight" in state
+    await fresh.load_weights(tied, 5)
+    assert fresh.version == 5 and fresh.stats().version == 5
+
+
+async def test_closed_engine_rejects_requests(tiny_path: Path) -> None:
+    engine = TransformersEngine.from_pretrained(tiny_path)
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await engine.generate([1, 2], SamplingParams())

@@ -1,0 +1,148 @@
+"""Routing of calls to rollouts (path, headers, roles), concurrency, weight swaps, metrics and auth."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from lightning_rl import semconv as sc
+from lightning_rl.engine.hf import TransformersEngine
+from lightning_rl.gateway import create_gateway_app, running_gateway
+from lightning_rl.store import MemoryStore
+from lightning_rl.store.sqlite import SQLiteStore
+
+from .conftest import LIMITS, Gateway, claim_attempts, rollout_url
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+async def test_path_headers_and_roles_route_calls(gateway: Gateway, engine: TransformersEngine) -> None:
+    a, b, c = await claim_attempts(gateway.store, 3)
+    body = {"model": engine.model_name, "messages": MESSAGES, "max_tokens": 3}
+    async with httpx.AsyncClient(timeout=60) as http:
+        r = await http.post(f"{rollout_url(gateway.url, a)}/chat/completions", json=body)
+        assert r.status_code == 200
+        r = await http.post(
+            f"{rollout_url(gateway.url, a)}/chat/completions", json=body, headers={"X-Lightning-Role": "critic"}
+        )
+        assert r.status_code == 200
+        r = await http.post(
+            f"{gateway.url}/rollouts/{a.rollout.id}/attempts/{a.attempt.id}/roles/planner/v1/chat/completions",
+            json=body,
+        )
+        assert r.status_code == 200
+        headers = {
+            "X-Lightning-Rollout": b.rollout.id,
+            "X-Lightning-Attempt": b.attempt.id,
+            "X-Lightning-Role": "coder",
+        }
+        assert (await http.post(f"{gateway.v1}/chat/completions", json=body, headers=headers)).status_code == 200
+        # rollout only: the gateway looks up the running attempt in the store
+        assert (
+            await http.post(f"{gateway.url}/rollouts/{c.rollout.id}/v1/chat/completions", json=body)
+        ).status_code == 200
+        # outside any rollout: served, not recorded
+        assert (await http.post(f"{gateway.v1}/chat/completions", json=body)).status_code == 200
+    await asyncio.sleep(0.05)  # the attempt look-up runs in the background
+    await gateway.flush()
+    spans_a = await gateway.store.query_spans(rollout_id=a.rollout.id)
+    assert [s.attributes.get(sc.ROLE) for s in spans_a] == [None, "critic", "planner"]
+    [span_b] = await gateway.store.query_spans(rollout_id=b.rollout.id)
+    assert span_b.attempt_id == b.attempt.id and span_b.attributes[sc.ROLE] == "coder"
+    [span_c] = await gateway.store.query_spans(rollout_id=c.rollout.id)
+    assert span_c.attempt_id == c.attempt.id
+    assert len(await gateway.store.query_spans()) == 5
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{gateway.url}/metrics?format=json")).json()
+    assert metrics["calls_recorded_total"] == 5 and metrics["spans_written_total"] == 5
+
+
+async def test_32_concurrent_clients_over_4_rollouts_sqlite(engine: TransformersEngine, tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "store.db"))
+    claims = await claim_attempts(store, 4)
+    app = create_gateway_app(engine, store=store, config=LIMITS)
+    async with running_gateway(app) as url, httpx.AsyncClient(timeout=120) as http:
+
+        async def agent(i: int) -> str:
+            claim = claims[i % 4]
+            body = {"model": engine.model_name, "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 4}
+            if i % 2:
+                body["stream"] = True
+            r = await http.post(f"{rollout_url(url, claim)}/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            return claim.rollout.id
+
+        owners = await asyncio.gather(*(agent(i) for i in range(32)))
+        assert await app.state.gateway.writer.flush(10.0)
+        for claim in claims:
+            spans = await store.query_spans(rollout_id=claim.rollout.id)
+            assert len(spans) == owners.count(claim.rollout.id) == 8
+            assert {s.attempt_id for s in spans} == {claim.attempt.id}
+            assert {s.attributes[sc.ROLLOUT_ID] for s in spans} == {claim.rollout.id}
+            users = {s.attributes["gen_ai.input.messages"] for s in spans}
+            assert len(users) == 8  # eight different agents, none mixed up
+    assert app.state.gateway.writer.stats().dropped == 0
+    await store.close()
+
+
+async def test_weight_swap_during_traffic(tiny_model_path: Path, tmp_path: Path) -> None:
+    engine = TransformersEngine.from_pretrained(tiny_model_path, max_batch_size=8)
+    store = MemoryStore()
+    [claim] = await claim_attempts(store, 1)
+    app = create_gateway_app(engine, store=store, config=LIMITS)
+    weights = tmp_path / "v1.pt"
+    torch.save({k: v * 0.5 for k, v in engine.model.state_dict().items()}, weights)
+    try:
+        async with running_gateway(app) as url, httpx.AsyncClient(timeout=120) as http:
+            body = {"model": engine.model_name, "messages": MESSAGES, "max_tokens": 6}
+            target = f"{rollout_url(url, claim)}/chat/completions"
+
+            async def traffic(k: int) -> list[int]:
+                codes = []
+                for _ in range(k):
+                    codes.append((await http.post(target, json=body)).status_code)
+                return codes
+
+            async def swap() -> httpx.Response:
+                await asyncio.sleep(0.3)
+                return await http.post(f"{url}/admin/weights", json={"path": str(weights), "version": 1})
+
+            *codes, swapped = await asyncio.gather(*(traffic(6) for _ in range(4)), swap())
+            assert swapped.status_code == 200 and swapped.json() == {"version": 1}
+            assert all(c == 200 for batch in codes for c in batch)
+            after = await http.post(target, json=body)
+            assert after.status_code == 200
+            bad = await http.post(f"{url}/admin/weights", json={"path": str(tmp_path / "nope.pt"), "version": 2})
+            assert bad.status_code == 400 and "nope.pt" in bad.json()["error"]["message"]
+            assert await app.state.gateway.writer.flush(10.0)
+        spans = await store.query_spans(rollout_id=claim.rollout.id)
+        versions = [s.attributes[sc.MODEL_VERSION] for s in spans]
+        assert len(spans) == 25 and set(versions) == {0, 1} and versions[-1] == 1
+        assert engine.version == 1
+    finally:
+        engine.close()
+        await store.close()
+
+
+@pytest.mark.parametrize("sent", [None, "Bearer wrong"])
+async def test_token_is_required_when_set(engine: TransformersEngine, sent: str | None) -> None:
+    app = create_gateway_app(engine, token="s3cret", config=LIMITS)
+    async with running_gateway(app) as url, httpx.AsyncClient(timeout=60) as http:
+        headers = {"authorization": sent} if sent else {}
+        r = await http.get(f"{url}/v1/models", headers=headers)
+        assert r.status_code == 401 and "Bearer" in r.json()["error"]["message"]
+        r = await http.post(f"{url}/admin/weights", json={"version": 1}, headers=headers)
+        assert r.status_code == 401
+        ok = await http.get(f"{url}/v1/models", headers={"authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+
+
+async def test_metrics_prometheus_text(gateway: Gateway) -> None:
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{gateway.url}/metrics")).text
+    for name in ("spans_written_total", "spans_dropped_total", "spans_pending", "span_write_retries_total"):
+        assert f"lightning_gateway_{name} " in text
