@@ -63,7 +63,7 @@ async def _measure(engine: TransformersEngine, requests: int, max_tokens: int, r
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", help="an HF folder; default: the tiny model (built once and cached)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--requests", type=int, default=16)

@@ -28,35 +28,40 @@ def prompts(engine: TransformersEngine, n: int) -> list[list[int]]:
     return [engine.encode_chat([{"role": "user", "content": " ".join(words[: i + 1])}], None) for i in range(n)]
 
 
-async def test_concurrent_requests_share_a_batch_and_match_sequential(fresh: TransformersEngine) -> None:
-    batch = prompts(fresh, 8)  # different lengths: left padding is exercised
-    params = [SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=i) for i in range(8)]
-    together = await asyncio.gather(*(fresh.generate(p, s) for p, s in zip(batch, params, strict=True)))
-    stats = fresh.stats()
-    assert stats.prefill_sizes == [8] and stats.peak_batch == 8
-    alone = [await fresh.generate(p, s) for p, s in zip(batch, params, strict=True)]
-    assert fresh.stats().peak_batch == 8 and fresh.stats().prefill_sizes[1:] == [1] * 8
+async def test_concurrent_requests_share_a_batch_and_match_sequential(
+    tiny_path: Path, engine: TransformersEngine
+) -> None:
+    # A long arrival window makes "one batch" deterministic; the scheduler stops waiting once 8 are in.
+    with TransformersEngine.from_pretrained(tiny_path, max_batch_size=8, batch_wait_s=2.0) as batched:
+        batch = prompts(batched, 8)  # different lengths: left padding is exercised
+        params = [SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=i) for i in range(8)]
+        together = await asyncio.gather(*(batched.generate(p, s) for p, s in zip(batch, params, strict=True)))
+        stats = batched.stats()
+        assert stats.prefill_sizes == [8] and stats.peak_batch == 8 and stats.finished == 8
+    # The same requests one at a time, on another engine over the same weights.
+    alone = [await engine.generate(p, s) for p, s in zip(batch, params, strict=True)]
     for ids, a, b in zip(batch, together, alone, strict=True):
         assert a.token_ids == b.token_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
         assert torch.allclose(
-            torch.tensor(a.logprobs), reference_logprobs(fresh, ids, a.token_ids, 0.8, 0.95), atol=1e-4
+            torch.tensor(a.logprobs), reference_logprobs(engine, ids, a.token_ids, 0.8, 0.95), atol=1e-4
         )
-        assert fresh.decode(a.token_ids) == a.text
+        assert engine.decode(a.token_ids) == a.text
 
 
 async def test_requests_join_a_running_batch(fresh: TransformersEngine) -> None:
     """Continuous batching: later arrivals join between decode steps and their logprobs stay exact."""
     batch = prompts(fresh, 5)
-    long_stream = fresh.stream(batch[0], SamplingParams(max_tokens=60, seed=0))
+    long_stream = fresh.stream(batch[0], SamplingParams(max_tokens=200, seed=0))
     first = await anext(long_stream)
     late = [fresh.generate(p, SamplingParams(max_tokens=10, seed=i, temperature=0.7)) for i, p in enumerate(batch[1:])]
     outs = await asyncio.gather(*late)
     rest = [delta async for delta in long_stream]
     assert rest[-1].finish_reason == "length"
-    assert len(first.token_ids) + sum(len(d.token_ids) for d in rest) == 60
+    assert len(first.token_ids) + sum(len(d.token_ids) for d in rest) == 200
     stats = fresh.stats()
-    assert stats.peak_batch == 5 and stats.prefill_sizes == [1, 4]
+    # The late four joined the running stream (in one prefill, or a few if they arrived between steps).
+    assert stats.peak_batch == 5 and stats.prefill_sizes[0] == 1 and sum(stats.prefill_sizes[1:]) == 4
     for ids, out in zip(batch[1:], outs, strict=True):
         reference = reference_logprobs(fresh, ids, out.token_ids, 0.7, 1.0)
         assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
@@ -124,11 +129,15 @@ async def test_weight_swap_during_traffic(fresh: TransformersEngine) -> None:
     weights[1], weights[2] = perturbed(fresh, 1), perturbed(fresh, 2)
     batch = prompts(fresh, 6)
 
+    trained = asyncio.Event()
+
     async def client(i: int) -> list[tuple[list[int], GenerationOutput]]:
+        """Send requests back to back until the trainer is done, then one more."""
         results: list[tuple[list[int], GenerationOutput]] = []
-        for j in range(4):
-            ids = batch[(i + j) % len(batch)]
-            results.append((ids, await fresh.generate(ids, SamplingParams(max_tokens=6 + i, seed=i * 10 + j))))
+        while not trained.is_set() or not results or results[-1][1].model_version != 2:
+            ids = batch[(i + len(results)) % len(batch)]
+            params = SamplingParams(max_tokens=6 + i, seed=i * 100 + len(results))
+            results.append((ids, await fresh.generate(ids, params)))
         return results
 
     async def trainer() -> None:
@@ -136,12 +145,14 @@ async def test_weight_swap_during_traffic(fresh: TransformersEngine) -> None:
             await asyncio.sleep(0.05)
             await fresh.load_weights(weights[version], version)
             assert fresh.version == version
+        trained.set()
 
     *per_client, _ = await asyncio.gather(*(client(i) for i in range(6)), trainer())
     results = [r for rs in per_client for r in rs]
-    assert len(results) == 24 and fresh.stats().failed == 0
     versions = {out.model_version for _, out in results}
-    assert versions <= {0, 1, 2} and 2 in versions
+    assert fresh.stats().failed == 0 and versions <= {0, 1, 2} and 2 in versions and len(versions) >= 2
+    for per in per_client:  # each client sees versions only move forward
+        assert [out.model_version for _, out in per] == sorted(out.model_version for _, out in per)
     # Each output's logprobs are those of the weights it names: one version per completion.
     for version in sorted(versions):
         fresh.model.load_state_dict(weights[version])

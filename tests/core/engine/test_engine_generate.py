@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from lightning_rl.engine import InferenceEngine, SamplingParams, sampled_logprob
 from lightning_rl.engine._request import Request
 from lightning_rl.engine.base import GenerationOutput, StreamDelta
 from lightning_rl.engine.hf import TransformersEngine
+from lightning_rl.engine.tiny import build_tiny_model
 from lightning_rl.errors import InvalidRequestError
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
@@ -86,6 +88,17 @@ async def test_logprobs_match_a_full_forward_pass(engine: TransformersEngine, te
     out = await engine.generate(ids, SamplingParams(max_tokens=40, temperature=temperature, top_p=top_p, seed=3))
     reference = reference_logprobs(engine, ids, out.token_ids, temperature, top_p)
     assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
+
+
+async def test_llama_architecture_serves_with_exact_logprobs(tmp_path: Path) -> None:
+    folder = build_tiny_model(tmp_path / "llama", architecture="llama", hidden=64, layers=2, heads=2, kv_heads=1)
+    with TransformersEngine.from_pretrained(folder, batch_wait_s=0.5, max_batch_size=3) as llama:
+        batch = [prompt(llama, text) for text in ("hi", "what is the weather today?", "one two")]
+        outs = await asyncio.gather(*(llama.generate(p, SamplingParams(max_tokens=12, seed=1)) for p in batch))
+        assert llama.stats().prefill_sizes == [3]
+        for ids, out in zip(batch, outs, strict=True):
+            reference = reference_logprobs(llama, ids, out.token_ids, 1.0, 1.0)
+            assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
 
 
 async def test_greedy_is_argmax_with_unscaled_logprobs(engine: TransformersEngine) -> None:

@@ -5,6 +5,7 @@
   claimed exactly once, including the second attempts of rollouts whose first attempt failed.
 * A worker process that is ``kill -9``-ed mid-rollout stops heartbeating: the store times its
   attempt out, requeues the rollout, and fails it once ``max_attempts`` is used up.
+* A store closed and opened again (a restarted server) has everything it acknowledged.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from lightning_rl.store.base import LightningStore
-from lightning_rl.types import AttemptStatus, RolloutConfig, RolloutRequest, RolloutStatus, Task
+from lightning_rl.types import AttemptStatus, RolloutConfig, RolloutRequest, RolloutStatus, Span, Task
 
 N_ROLLOUTS = 1000
 N_CLAIMERS = 8
@@ -212,3 +213,26 @@ async def test_killed_worker_is_timed_out_requeued_then_failed(backend: Backend)
         ]
     finally:
         await store.close()
+
+
+async def test_reopened_store_has_everything_it_acknowledged(backend: Backend) -> None:
+    store = await open_backend(backend)
+    try:
+        await store.enqueue(_requests()[:20])
+        claims = await store.claim("w", n=5)
+        await store.add_spans([Span(name="s", rollout_id=c.rollout.id, attempt_id=c.attempt.id) for c in claims])
+        await store.finish_attempt(claims[0].attempt.id, AttemptStatus.SUCCEEDED, reward=0.5)
+        await store.add_resources(prompts={"system": "v1"})
+        before = (await store.query_rollouts(), await store.query_spans(), await store.stats())
+    finally:
+        await store.close()
+    again = await open_backend(backend)
+    try:
+        assert (await again.query_rollouts(), await again.query_spans(), await again.stats()) == before
+        assert (await again.get_resources()).prompts == {"system": "v1"}
+        (fresh,) = await again.enqueue([RolloutRequest(id="after-restart", task=Task(input=0))])
+        assert fresh.seq > max(r.seq for r in before[0])
+        (claim,) = await again.claim("w2")
+        assert claim.rollout.id == "r5"  # the queue picks up where it was
+    finally:
+        await again.close()

@@ -316,7 +316,7 @@ async def test_expire_at_an_explicit_time(store: LightningStore) -> None:
     await store.enqueue([req(1, config=RolloutConfig(timeout_s=100, max_attempts=2)), req(2)])
     c1, c2 = await store.claim("w", n=2)
     assert await store.expire(c1.attempt.started_at + 99) == 0
-    assert await store.expire(c1.attempt.started_at + 101) == 1
+    assert await store.expire(now=c1.attempt.started_at + 101) == 1  # the protocol names it `now`
     assert (await store.get_attempt(c1.attempt.id)).status is AttemptStatus.TIMED_OUT
     assert (await store.get_rollout("r1")).status is RolloutStatus.REQUEUED
     assert (await store.get_attempt(c2.attempt.id)).status is AttemptStatus.RUNNING  # no limits: never expires
@@ -468,6 +468,19 @@ async def test_spans_for_unknown_attempt_are_rejected_whole(store: LightningStor
     with pytest.raises(NotFoundError):
         await store.add_spans([good, wrong_rollout])
     assert await store.query_spans() == []
+
+
+async def test_a_failing_call_does_not_undo_concurrent_ones(store: LightningStore) -> None:
+    await store.enqueue([req(1)])
+    claim = await claim_one(store)
+    orphan = Span(name="x", rollout_id="r1", attempt_id="at-unknown")
+    calls = [store.add_spans([orphan] if i % 3 == 0 else [span(claim, span_id=f"s{i}")]) for i in range(30)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, NotFoundError) for r in results[::3])
+    assert sum(r == 1 for r in results) == 20
+    stored = await store.query_spans(attempt_id=claim.attempt.id)
+    assert sorted(s.span_id for s in stored) == sorted(f"s{i}" for i in range(30) if i % 3)
+    assert [s.seq for s in stored] == list(range(1, 21))
 
 
 # --------------------------------------------------------------------------------------------

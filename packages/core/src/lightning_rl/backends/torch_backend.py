@@ -172,17 +172,29 @@ class TorchBackend:
 
     # --- forward ------------------------------------------------------------------------------
     def _response_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        """Flat logprobs of every response token of the micro-batch, in row order, float32."""
+        """Flat logprobs of every response token of the micro-batch, in row order, float32.
+
+        The output head is applied only at the positions that predict response tokens: prompts are
+        usually far longer than responses, and ``[batch, length, vocab]`` logits of a real vocabulary
+        would dominate memory and time."""
         ids = mb.input_ids.to(self.device)
-        out = model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device))
-        logits: torch.Tensor = out.logits
-        pieces: list[torch.Tensor] = []
-        for row, (p, r) in enumerate(zip(mb.prompt_lens, mb.response_lens, strict=True)):
-            # logits at position j predict token j + 1
-            step_logits = logits[row, p - 1 : p + r - 1].float()
-            targets = ids[row, p : p + r]
-            pieces.append(sampled_logprobs(step_logits, targets, self.config.temperature, self.config.top_p))
-        return torch.cat(pieces)
+        rows = torch.tensor(
+            [row for row, r in enumerate(mb.response_lens) for _ in range(r)], dtype=torch.long, device=self.device
+        )
+        # hidden state at position j predicts token j + 1
+        cols = torch.tensor(
+            [p - 1 + k for p, r in zip(mb.prompt_lens, mb.response_lens, strict=True) for k in range(r)],
+            dtype=torch.long,
+            device=self.device,
+        )
+        split = _split_head(model)
+        if split is not None:
+            body, head = split
+            hidden = body(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).last_hidden_state
+            logits = head(hidden[rows, cols])
+        else:
+            logits = model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits[rows, cols]
+        return sampled_logprobs(logits.float(), ids[rows, cols + 1], self.config.temperature, self.config.top_p)
 
     def logprobs(self, transitions: Sequence[Transition]) -> list[list[float]]:
         """This model's logprobs of each transition's response (no gradient), for checks and parity tests."""
@@ -268,14 +280,33 @@ class TorchBackend:
             "train/update_tokens_per_s": n_tokens * cfg.ppo_epochs / elapsed if elapsed > 0 else 0.0,
         }
 
-    def sft(self, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int, batch_size: int) -> list[float]:
-        """Supervised warm-start on (prompt ids, response ids) pairs; returns the loss per step."""
+    def sft(
+        self,
+        examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+        *,
+        steps: int,
+        batch_size: int,
+        warmup_steps: int = 0,
+        final_lr_fraction: float = 1.0,
+    ) -> list[float]:
+        """Supervised warm-start on (prompt ids, response ids) pairs; returns the loss per step.
+
+        The learning rate warms up linearly for ``warmup_steps``, then follows a cosine down to
+        ``final_lr_fraction`` of the configured rate (1.0 keeps it constant)."""
         if not examples:
             raise ValueError("sft() needs at least one example.")
         rng = random.Random(self.config.seed)
         losses: list[float] = []
         self.model.train()
-        for _ in range(steps):
+        base_lr = self.config.lr
+        for step in range(steps):
+            if step < warmup_steps:
+                lr = base_lr * (step + 1) / warmup_steps
+            else:
+                progress = (step - warmup_steps) / max(steps - warmup_steps, 1)
+                lr = base_lr * (final_lr_fraction + (1 - final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
             weights = token_weights([len(r) for _, r in batch], [str(i) for i in range(len(batch))], "token")
             self.optimizer.zero_grad(set_to_none=True)
@@ -291,6 +322,8 @@ class TorchBackend:
                 total += float(loss.detach())
             self._clip_and_step()
             losses.append(total)
+        for group in self.optimizer.param_groups:
+            group["lr"] = base_lr
         return losses
 
     # --- weights ------------------------------------------------------------------------------
@@ -408,3 +441,18 @@ def _merged_lora_state(model: Any) -> dict[str, torch.Tensor]:
         return out
     finally:
         model.unmerge_adapter()
+
+
+def _split_head(model: Any) -> tuple[Any, Any] | None:
+    """The decoder body and output head of an HF causal LM (``model.model`` / ``lm_head``), if it has them.
+
+    Models that scale or soft-cap their logits inside ``forward`` (``logit_scale``, final soft-capping)
+    are run whole instead, so the logprobs match what the engine samples from."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "final_logit_softcapping", None) or getattr(model, "logit_scale", None):
+        return None
+    body = getattr(model, "model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if body is None or head is None or not callable(body):
+        return None
+    return body, head

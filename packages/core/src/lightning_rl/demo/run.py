@@ -18,7 +18,7 @@ from lightning_rl.backends.torch_backend import TorchBackendConfig
 from lightning_rl.demo.calculator import CALCULATOR_TOOL, calculator_agent, demonstrations, make_tasks
 from lightning_rl.trainer import Trainer, TrainerConfig, TrainResult
 
-__all__ = ["DemoConfig", "DemoResult", "warm_start", "run_demo"]
+__all__ = ["DemoConfig", "DemoResult", "warm_start", "run_demo", "print_summary"]
 
 
 @dataclass
@@ -119,3 +119,23 @@ def _tiny(overrides: dict[str, Any]) -> Path:
     from lightning_rl.engine.tiny import default_tiny_model
 
     return default_tiny_model(None, **overrides)
+
+
+def print_summary(result: DemoResult) -> None:
+    """The before/after table the README promises."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    table = Table(title="Held-out reward (calculator agent, tiny model, CPU)")
+    table.add_column("policy")
+    table.add_column("mean reward", justify="right")
+    table.add_row("warm-started base", fmt(result.val_base))
+    table.add_row("after LightningRL", fmt(result.val_trained))
+    if result.val_base is not None and result.val_trained is not None:
+        table.add_row("gain", f"{result.val_trained - result.val_base:+.3f}")
+    console = Console()
+    console.print(table)
+    console.print(f"{result.seconds:.0f} s; run folder {result.run_dir} (metrics.jsonl, reward_curve.png)")

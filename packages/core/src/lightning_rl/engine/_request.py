@@ -153,6 +153,7 @@ class Request:
             text=text,
             finish_reason=finish,
             model_version=self.version,
+            top_logprobs=self.top_logprobs[start:] if self.top_logprobs is not None else None,
         )
         if not self.deliver(delta):
             self.cancel()
@@ -175,6 +176,7 @@ class Request:
                 text=rest,
                 finish_reason=self.finish_reason,
                 model_version=self.version,
+                top_logprobs=self.top_logprobs[start:] if self.top_logprobs is not None else None,
             )
             return
         self._final = GenerationOutput(

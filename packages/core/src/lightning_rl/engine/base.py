@@ -59,6 +59,7 @@ class StreamDelta:
     text: str
     finish_reason: FinishReason | None = None
     model_version: int = 0
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass

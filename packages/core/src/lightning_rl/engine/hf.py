@@ -401,6 +401,8 @@ class TransformersEngine:
 
         The swap waits for the running sequences to finish, while new requests wait for the swap, so
         each completion is produced by exactly one version. Tied weights may be given under either key.
+        Tensors may live on any device and have any float dtype; they are copied into the served model
+        before this returns, so do not modify them until then.
         """
         self._check_state_dict(state_dict)
         swap = _Swap(state_dict=state_dict, version=version)
@@ -517,7 +519,14 @@ class TransformersEngine:
         return admitted
 
     def _prefill(self, admitted: list[Request]) -> None:
-        logits = self._batch.prefill([r.prompt_ids for r in admitted])
+        try:
+            logits = self._batch.prefill([r.prompt_ids for r in admitted])
+        except Exception as exc:  # e.g. out of memory: fail the newcomers, the running rows are untouched
+            for request in admitted:
+                request.fail(exc)
+            with self._cond:
+                self._stats.failed += len(admitted)
+            return
         self._running.extend(admitted)
         with self._cond:
             self._stats.prefills += 1

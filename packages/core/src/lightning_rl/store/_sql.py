@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
 from lightning_rl.store.base import attempt_deadline, attempt_outcome, check_batch, same_request
@@ -59,6 +61,7 @@ __all__ = [
     "open_attempt",
     "end_attempt",
     "cancel_rollout",
+    "unshared",
     "rollout_not_found",
     "attempt_not_found",
     "resources_not_found",
@@ -264,6 +267,20 @@ def check_span_targets(spans: Sequence[Span], attempt_rollout: dict[str, str]) -
                 f"span {span.span_id} names attempt {span.attempt_id} of rollout {span.rollout_id}, "
                 "which does not exist; spans must belong to a claimed attempt."
             )
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def unshared(items: Sequence[M]) -> list[M]:
+    """``items`` with every repeated object replaced by a deep copy (a caller may list one id twice),
+    so no two returned models alias each other. Fresh objects are not copied: that is the hot path."""
+    seen: set[int] = set()
+    out: list[M] = []
+    for item in items:
+        out.append(item.model_copy(deep=True) if id(item) in seen else item)
+        seen.add(id(item))
+    return out
 
 
 def rollout_not_found(rollout_id: str) -> NotFoundError:

@@ -7,6 +7,7 @@ default. All state sits behind one ``asyncio`` lock, and a condition wakes ``wai
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import Sequence
 
 from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -53,27 +54,32 @@ class MemoryStore:
         self._span_seq: dict[str, int] = {}
         self._resources: list[Resources] = []
         self._seq = 0
+        # claim and expiry must not scan every rollout: waiting rollouts sit in a heap by seq (stale
+        # entries are skipped lazily), running attempts in a set.
+        self._waiting: list[tuple[int, str]] = []
+        self._running: set[str] = set()
 
     # --- rollouts ---------------------------------------------------------------------------
     async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         check_batch("enqueue", len(requests))
         async with self._lock:
+            for req in requests:  # all-or-nothing: reject the batch before changing anything
+                stored = self._rollouts.get(req.id)
+                if stored is not None and not same_request(stored, req):
+                    raise ConflictError(
+                        f"rollout id {req.id} already exists with a different task or config; "
+                        "use a new id for a new rollout."
+                    )
             out: list[Rollout] = []
             for req in requests:
                 stored = self._rollouts.get(req.id)
-                if stored is not None:
-                    if not same_request(stored, req):
-                        raise ConflictError(
-                            f"rollout id {req.id} already exists with a different task or config; "
-                            "use a new id for a new rollout."
-                        )
-                    out.append(stored.model_copy(deep=True))
-                    continue
-                self._seq += 1
-                t = wall_clock()
-                rollout = Rollout(**req.model_dump(), seq=self._seq, created_at=t, updated_at=t)
-                self._rollouts[req.id] = rollout
-                out.append(rollout.model_copy(deep=True))
+                if stored is None:
+                    self._seq += 1
+                    t = wall_clock()
+                    stored = Rollout(**req.model_dump(), seq=self._seq, created_at=t, updated_at=t)
+                    self._rollouts[req.id] = stored
+                    heapq.heappush(self._waiting, (stored.seq, stored.id))
+                out.append(stored.model_copy(deep=True))
             self._changed.notify_all()
             return out
 
@@ -85,10 +91,12 @@ class MemoryStore:
             raise InvalidRequestError("worker_id must be a non-empty string.")
         async with self._lock:
             self._expire_locked(wall_clock())
-            waiting = sorted(
-                (r for r in self._rollouts.values() if r.status in (RolloutStatus.QUEUED, RolloutStatus.REQUEUED)),
-                key=lambda r: r.seq,
-            )[:n]
+            waiting: list[Rollout] = []
+            while self._waiting and len(waiting) < n:
+                _, rid = heapq.heappop(self._waiting)
+                rollout = self._rollouts.get(rid)
+                if rollout is not None and rollout.status in (RolloutStatus.QUEUED, RolloutStatus.REQUEUED):
+                    waiting.append(rollout)
             claims: list[Claim] = []
             t = wall_clock()
             for rollout in waiting:
@@ -106,6 +114,7 @@ class MemoryStore:
                     deadline=attempt_deadline(rollout.config, t, t),
                 )
                 self._attempts[attempt.id] = attempt
+                self._running.add(attempt.id)
                 self._attempts_of.setdefault(rollout.id, []).append(attempt.id)
                 claims.append(Claim(rollout=rollout.model_copy(deep=True), attempt=attempt.model_copy()))
             return claims
@@ -141,6 +150,8 @@ class MemoryStore:
     async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         check_batch("cancel", len(rollout_ids))
         async with self._lock:
+            for rid in rollout_ids:  # all-or-nothing: unknown ids fail the batch before any change
+                self._get_rollout(rid)
             out: list[Rollout] = []
             for rid in rollout_ids:
                 rollout = self._get_rollout(rid)
@@ -190,7 +201,8 @@ class MemoryStore:
         async with self._lock:
             while True:
                 self._expire_locked(wall_clock())
-                ended = [self._rollouts[i] for i in ids if i in self._rollouts and self._rollouts[i].status in TERMINAL_ROLLOUT]
+                known = (self._rollouts[i] for i in ids if i in self._rollouts)
+                ended = [r for r in known if r.status in TERMINAL_ROLLOUT]
                 remaining = deadline - loop.time()
                 if len(ended) == len(ids) or remaining <= 0:
                     return [r.model_copy(deep=True) for r in ended]
@@ -332,7 +344,7 @@ class MemoryStore:
 
     def _running_attempt(self, rollout_id: str) -> Attempt | None:
         for aid in reversed(self._attempts_of.get(rollout_id, [])):
-            if self._attempts[aid].status is AttemptStatus.RUNNING:
+            if aid in self._running:
                 return self._attempts[aid]
         return None
 
@@ -365,6 +377,9 @@ class MemoryStore:
         rollout = self._rollouts[attempt.rollout_id]
         outcome = attempt_outcome(rollout, status, reason, error)
         self._set_rollout(rollout, outcome.rollout_status, outcome.error)
+        self._running.discard(attempt.id)
+        if outcome.rollout_status is RolloutStatus.REQUEUED:
+            heapq.heappush(self._waiting, (rollout.seq, rollout.id))
         attempt.status = status
         attempt.ended_at = wall_clock()
         attempt.error = error
@@ -375,7 +390,7 @@ class MemoryStore:
 
     def _expire_locked(self, t: float) -> int:
         expired = [
-            a for a in self._attempts.values() if a.status is AttemptStatus.RUNNING and a.deadline is not None and a.deadline <= t
+            a for a in (self._attempts[aid] for aid in self._running) if a.deadline is not None and a.deadline <= t
         ]
         for attempt in expired:
             reason, message = expiry_reason(self._rollouts[attempt.rollout_id].config, attempt, t)

@@ -454,6 +454,10 @@ class PostgresStore:
                     if attempt == _RETRIES - 1:
                         raise
                     await asyncio.sleep(0.005 * (attempt + 1))
+                except psycopg.DataError as exc:
+                    raise InvalidRequestError(
+                        f"PostgreSQL cannot store this value: {exc}; remove NUL characters from ids, names and errors."
+                    ) from exc
                 except psycopg.OperationalError as exc:
                     raise StoreUnavailableError(
                         f"PostgreSQL store failed: {exc}; the operation was not applied, retry it later."
@@ -499,12 +503,8 @@ class PostgresStore:
     async def _save(self, c: Conn, pairs: Sequence[tuple[Rollout, Attempt | None]]) -> None:
         rollouts = [q.rollout_update_params(r) for r, _ in pairs]
         attempts = [q.attempt_update_params(a) for _, a in pairs if a is not None]
-        for statement, rows in ((_R_UPDATE, rollouts), (_A_UPDATE, attempts)):
-            if len(rows) == 1:
-                await c.execute(statement, rows[0])
-            elif rows:
-                async with c.cursor() as cur:
-                    await cur.executemany(statement, rows)
+        await _execute_rows(c, _R_UPDATE, rollouts)
+        await _execute_rows(c, _A_UPDATE, attempts)
         if any(r.status in TERMINAL_ROLLOUT for r, _ in pairs):
             self._ended_count += 1
 
@@ -548,7 +548,7 @@ class PostgresStore:
                     q.check_resend(stored, found[stored.id])
                     found[stored.id] = stored
                 out = [found[r.id] for r in reqs]
-        return [r.model_copy(deep=True) for r in out]
+        return q.unshared(out)
 
     async def _claim(self, c: Conn, worker_id: str, n: int) -> list[Claim]:
         cur = await c.execute(
@@ -620,14 +620,14 @@ class PostgresStore:
                 changed.append((rollout, attempt))
         if changed:
             await self._save(c, changed)
-        return [rollouts[rid].model_copy(deep=True) for rid in ids]
+        return q.unshared([rollouts[rid] for rid in ids])
 
     async def _ended(self, c: Conn, ids: list[str]) -> list[Rollout]:
         cur = await c.execute(
             f"SELECT {_R_COLS} FROM rollouts WHERE id = ANY(%s::text[]) AND status IN {_TERMINAL_SQL}", (ids,)
         )
         by_id = {row[1]: q.rollout_from_row(row) for row in await cur.fetchall()}
-        return [by_id[i].model_copy(deep=True) for i in ids if i in by_id]
+        return q.unshared([by_id[i] for i in ids if i in by_id])
 
     async def _add_spans(self, c: Conn, spans: list[Span]) -> int:
         cur = await c.execute(
@@ -708,3 +708,12 @@ class PostgresStore:
         if changed:
             await self._save(c, changed)
         return len(changed)
+
+
+async def _execute_rows(c: Conn, statement: LiteralString, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Run ``statement`` once per row: a plain execute for one row, a pipelined executemany for more."""
+    if len(rows) == 1:
+        await c.execute(statement, rows[0])
+    elif rows:
+        async with c.cursor() as cur:
+            await cur.executemany(statement, rows)

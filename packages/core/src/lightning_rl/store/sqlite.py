@@ -402,7 +402,7 @@ class SQLiteStore:
         return conn
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
-        if self._closed:
+        if self._closed or not self._thread.is_alive():
             raise StoreUnavailableError(f"{self!r} is closed; open a new SQLiteStore.")
         job = _Job(fn, write)
         self._jobs.put(job)
@@ -425,7 +425,13 @@ class SQLiteStore:
                         stop = True
                         break
                     group.append(job)
-                self._run_group(group)
+                try:
+                    self._run_group(group)
+                except BaseException as exc:  # never leave callers waiting on a dead thread
+                    error = StoreUnavailableError(f"SQLite store {self._path!r} failed unexpectedly: {exc!r}")
+                    _fail_all([job for job in group if not job.future.done()], error)
+                    if not isinstance(exc, Exception):
+                        raise
         finally:
             self._conn.close()
 
@@ -527,15 +533,15 @@ class SQLiteStore:
             stored = found.get(req.id)
             if stored is not None:
                 q.check_resend(stored, req)
-                out.append(stored.model_copy(deep=True))
+                out.append(stored)
                 continue
             seq += 1
             rollout = Rollout(**req.model_dump(), seq=seq, created_at=t, updated_at=t)
             found[req.id] = rollout
             fresh.append((seq, *q.rollout_insert_params(rollout)))
-            out.append(rollout.model_copy(deep=True))
+            out.append(rollout)
         c.executemany(f"INSERT INTO rollouts ({_R_COLS}) VALUES ({_marks(len(q.ROLLOUT_COLUMNS))})", fresh)
-        return out
+        return q.unshared(out)
 
     def _claim(self, c: sqlite3.Connection, worker_id: str, n: int) -> list[Claim]:
         self._expire(c, now())
@@ -612,7 +618,7 @@ class SQLiteStore:
             (_json_list(ids),),
         )
         by_id = {row[1]: q.rollout_from_row(row) for row in rows}
-        return [by_id[i].model_copy(deep=True) for i in ids if i in by_id]
+        return q.unshared([by_id[i] for i in ids if i in by_id])
 
     def _add_spans(self, c: sqlite3.Connection, spans: list[Span]) -> int:
         targets: dict[str, tuple[str, int, int]] = {}  # attempt id -> (rollout id, attempt seq, span count)
