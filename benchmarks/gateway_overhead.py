@@ -59,9 +59,7 @@ def serve_gateway(port: int, upstream: str) -> None:
         [claim] = await store.claim("bench-worker")
         app = create_gateway_app(UpstreamBackend(upstream, model="fake-model"), store=store)
         print(f"ATTEMPT {claim.attempt.id}", flush=True)
-        server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-        )
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
         await server.serve()
 
     asyncio.run(main())

@@ -30,8 +30,16 @@ def make_batch(n: int, prompt: int, response: int, vocab: int, seed: int = 0) ->
         p = torch.randint(5, vocab, (prompt + i % 7,), generator=gen).tolist()
         r = torch.randint(5, vocab, (response + i % 5,), generator=gen).tolist()
         lp = (-torch.rand(len(r), generator=gen) * 3).tolist()
-        out.append(Transition(prompt_ids=p, response_ids=r, response_logprobs=lp, rollout_id=f"r{i // 4}",
-                              attempt_id="a", advantage=1.0 if i % 2 else -1.0))
+        out.append(
+            Transition(
+                prompt_ids=p,
+                response_ids=r,
+                response_logprobs=lp,
+                rollout_id=f"r{i // 4}",
+                attempt_id="a",
+                advantage=1.0 if i % 2 else -1.0,
+            )
+        )
     return out
 
 
@@ -53,14 +61,18 @@ def prepare(batch: list[Transition], budget: int) -> list[dict[str, torch.Tensor
         rows = [row for row, r in enumerate(mb.response_lens) for _ in range(r)]
         cols = [p - 1 + k for p, r in zip(mb.prompt_lens, mb.response_lens, strict=True) for k in range(r)]
         ts = [batch[i] for i in mb.indices]
-        out.append({
-            "ids": mb.input_ids, "mask": mb.attention_mask,
-            "rows": torch.tensor(rows), "cols": torch.tensor(cols),
-            "targets": mb.input_ids[torch.tensor(rows), torch.tensor(cols) + 1],
-            "old": torch.tensor([x for t in ts for x in (t.response_logprobs or [])]),
-            "adv": torch.tensor([t.advantage for t in ts for _ in t.response_ids]),
-            "w": torch.full((len(rows),), 1.0 / total),
-        })
+        out.append(
+            {
+                "ids": mb.input_ids,
+                "mask": mb.attention_mask,
+                "rows": torch.tensor(rows),
+                "cols": torch.tensor(cols),
+                "targets": mb.input_ids[torch.tensor(rows), torch.tensor(cols) + 1],
+                "old": torch.tensor([x for t in ts for x in (t.response_logprobs or [])]),
+                "adv": torch.tensor([t.advantage for t in ts for _ in t.response_ids]),
+                "w": torch.full((len(rows),), 1.0 / total),
+            }
+        )
     return out
 
 

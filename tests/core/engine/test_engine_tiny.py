@@ -121,7 +121,10 @@ def test_chat_template_renders_tools_and_round_trips_calls(tiny_path: Path) -> N
         {"role": "tool", "tool_call_id": "call_1", "content": "42"},
     ]
     text = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
-    assert text.startswith("<|im_start|>system\nBe brief.\nTools:\n<tools>\n" + json.dumps(TOOLS[0]) + "\n</tools>\n")
+    assert text.startswith(
+        "<|im_start|>system\nBe brief.\n<tools>\ncalculator(expression: string) - Evaluate an arithmetic expression.\n"
+        "</tools><|im_end|>\n"
+    )
     assert "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n" in text
     assert "<|im_start|>tool\n42<|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n")
@@ -146,4 +149,4 @@ def test_chat_template_without_tools_or_system(tiny_path: Path) -> None:
     only_tools = tokenizer.apply_chat_template(
         [{"role": "user", "content": "x"}], tools=TOOLS, add_generation_prompt=False, tokenize=False
     )
-    assert only_tools.startswith("<|im_start|>system\nTools:\n<tools>\n")
+    assert only_tools.startswith("<|im_start|>system\n<tools>\ncalculator(expression: string)")

@@ -11,7 +11,9 @@ from lightning_rl.types import Transition
 
 
 def steps(n: int, rollout: str = "r", air: list[float] | None = None) -> list[Transition]:
-    out = [Transition(prompt_ids=[1], response_ids=[2], rollout_id=rollout, attempt_id="a", step_index=i) for i in range(n)]
+    out = [
+        Transition(prompt_ids=[1], response_ids=[2], rollout_id=rollout, attempt_id="a", step_index=i) for i in range(n)
+    ]
     for t, r in zip(out, air or [0.0] * n, strict=True):
         t.reward = r
     return out

@@ -28,7 +28,10 @@ async def _sample(path: Path, n: int, temperature: float, top_p: float = 1.0) ->
         import asyncio
 
         results = await asyncio.gather(
-            *(engine.generate(p, SamplingParams(max_tokens=12, temperature=temperature, top_p=top_p, seed=i)) for i, p in enumerate(prompts))
+            *(
+                engine.generate(p, SamplingParams(max_tokens=12, temperature=temperature, top_p=top_p, seed=i))
+                for i, p in enumerate(prompts)
+            )
         )
         for i, (p, r) in enumerate(zip(prompts, results, strict=True)):
             out.append(
@@ -62,7 +65,9 @@ def _fixed_batch(n: int = 6) -> list[Transition]:
         p = torch.randint(10, 500, (5 + 3 * i,), generator=gen).tolist()
         r = torch.randint(10, 500, (2 + i,), generator=gen).tolist()
         out.append(
-            Transition(prompt_ids=p, response_ids=r, rollout_id=f"r{i % 3}", attempt_id="a", advantage=1.0 if i % 2 else -1.0)
+            Transition(
+                prompt_ids=p, response_ids=r, rollout_id=f"r{i % 3}", attempt_id="a", advantage=1.0 if i % 2 else -1.0
+            )
         )
     return out
 
@@ -72,7 +77,9 @@ def test_gradient_accumulation_is_exact_whatever_the_micro_batch_size(tiny_model
     batch = _fixed_batch()
     grads: list[list[torch.Tensor]] = []
     for budget in (10_000, 24):  # one micro-batch versus one sequence per micro-batch
-        policy = _policy(tiny_model_path, old_logprobs="recompute", micro_batch_tokens=budget, loss_aggregation=aggregation, lr=0.0)
+        policy = _policy(
+            tiny_model_path, old_logprobs="recompute", micro_batch_tokens=budget, loss_aggregation=aggregation, lr=0.0
+        )
         policy.update(batch)
         grads.append([p.grad.clone() for p in policy.model.parameters() if p.grad is not None])
     for a, b in zip(*grads, strict=True):

@@ -104,7 +104,9 @@ async def faulty_agent(task: dict[str, Any], llm: LLM) -> float:
     return await length_agent(task, llm)
 
 
-def test_failures_and_hangs_are_counted_and_excluded_and_training_goes_on(tmp_path: Path, tiny_model_path: Path) -> None:
+def test_failures_and_hangs_are_counted_and_excluded_and_training_goes_on(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
     kinds = ["ok", "ok", "ok", "raise", "hang"]  # 20% raise, 20% hang
     tasks = [Task(input={"q": f"task {i}", "kind": k}) for i, k in enumerate(kinds)]
     cfg = _config(tmp_path, tiny_model_path, steps=1, batch_size=5, group_size=2, rollout_timeout_s=3.0)

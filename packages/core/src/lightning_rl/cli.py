@@ -23,9 +23,7 @@ _COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lightning-rl", description="Train any AI agent with reinforcement learning."
-    )
+    parser = argparse.ArgumentParser(prog="lightning-rl", description="Train any AI agent with reinforcement learning.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:

@@ -33,7 +33,10 @@ class RoleSelector:
             return cls(lambda _role: True, "all roles")
         if isinstance(spec, re.Pattern):
             pattern = spec
-            return cls(lambda role: role is not None and pattern.fullmatch(role) is not None, f"roles matching {pattern.pattern!r}")
+            return cls(
+                lambda role: role is not None and pattern.fullmatch(role) is not None,
+                f"roles matching {pattern.pattern!r}",
+            )
         if isinstance(spec, str):
             name = spec
             return cls(lambda role: role == name, f"role {name!r}")

@@ -18,9 +18,7 @@ __all__ = ["LossAggregation", "PPOTerms", "token_weights", "ppo_clip_loss", "kl_
 LossAggregation = Literal["token", "transition", "rollout"]
 
 
-def token_weights(
-    lengths: Sequence[int], rollout_ids: Sequence[str], aggregation: LossAggregation
-) -> list[float]:
+def token_weights(lengths: Sequence[int], rollout_ids: Sequence[str], aggregation: LossAggregation) -> list[float]:
     """Per-token weight of each sample so that ``sum(weight * token_loss)`` is the aggregated loss.
 
     ``token``: mean over every response token of the batch (long responses weigh more);

@@ -223,7 +223,11 @@ class TorchBackend:
             )
         started = time.perf_counter()
         self.model.train()
-        old = self.logprobs(usable) if cfg.old_logprobs == "recompute" else [list(t.response_logprobs or []) for t in usable]
+        old = (
+            self.logprobs(usable)
+            if cfg.old_logprobs == "recompute"
+            else [list(t.response_logprobs or []) for t in usable]
+        )
         for t, o in zip(usable, old, strict=True):
             if len(o) != len(t.response_ids):
                 raise ValueError(

@@ -18,7 +18,7 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from lightning_rl.agent import LLM
 from lightning_rl.tracing import emit_signal
@@ -74,14 +74,14 @@ def score_answer(text: str | None, answer: int) -> float:
 async def calculator_agent(task: dict[str, Any], llm: LLM) -> float:
     """Answer ``task["question"]`` using the calculator tool; returns the reward."""
     client = llm.async_openai_client(max_retries=0, timeout=120.0)
-    messages: list[dict[str, Any]] = [
+    messages: list[Any] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task["question"]},
     ]
     try:
         for _ in range(MAX_TURNS):
             response = await client.chat.completions.create(
-                model=llm.model, messages=messages, tools=[CALCULATOR_TOOL], **dict(llm.sampling)
+                model=llm.model, messages=messages, tools=[cast(Any, CALCULATOR_TOOL)], **dict(llm.sampling)
             )
             message = response.choices[0].message
             if not message.tool_calls:
@@ -117,7 +117,12 @@ def make_tasks(n: int, *, seed: int, low: int = 2, high: int = 40) -> list[Task]
         seen.add((a, op, b))
         question = rng.choice(_QUESTIONS).format(a=a, op=op, b=b)
         answer = int(calculator(f"{a} {op} {b}"))
-        tasks.append(Task(id=f"{a}{_OP_NAMES[op]}{b}", input={"question": question, "answer": answer, "expression": f"{a} {op} {b}"}))
+        tasks.append(
+            Task(
+                id=f"{a}{_OP_NAMES[op]}{b}",
+                input={"question": question, "answer": answer, "expression": f"{a} {op} {b}"},
+            )
+        )
     return tasks
 
 

@@ -68,18 +68,20 @@ def warm_start(model_dir: Path, out_dir: Path, cfg: DemoConfig) -> Path:
     try:
         eos = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
         examples = [
-            (engine.encode_chat(d.messages, [CALCULATOR_TOOL]), [*engine.tokenizer.encode(d.completion, add_special_tokens=False), eos])
+            (
+                engine.encode_chat(d.messages, [CALCULATOR_TOOL]),
+                [*engine.tokenizer.encode(d.completion, add_special_tokens=False), eos],
+            )
             for d in demos
         ]
     finally:
         engine.close()
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
     backend = TorchBackend(model, TorchBackendConfig(lr=cfg.sft_lr, seed=cfg.seed))
     losses = backend.sft(examples, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size)
     out_dir.mkdir(parents=True, exist_ok=True)
-    backend.model.save_pretrained(out_dir)
-    engine_tokenizer = engine.tokenizer
-    engine_tokenizer.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)
+    engine.tokenizer.save_pretrained(out_dir)
     (out_dir / "warm_start.json").write_text(json.dumps({"losses": losses[-10:], "examples": len(examples)}))
     return out_dir
 
@@ -108,7 +110,9 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             seed=cfg.seed,
             progress=cfg.progress,
             concurrency=cfg.batch_size * cfg.group_size,
-            backend=TorchBackendConfig(lr=cfg.rl_lr, seed=cfg.seed, old_logprobs="sampled", temperature=cfg.temperature),
+            backend=TorchBackendConfig(
+                lr=cfg.rl_lr, seed=cfg.seed, old_logprobs="sampled", temperature=cfg.temperature
+            ),
         )
     )
     result = trainer.fit(calculator_agent, train, val)

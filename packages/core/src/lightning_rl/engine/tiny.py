@@ -11,7 +11,9 @@ The chat format (Qwen-style markers, written for this kit):
 
 - turns are ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; ``<|im_end|>`` is the eos token,
   ``<|endoftext|>`` the pad token;
-- tool schemas are listed in the system turn inside ``<tools></tools>``, one JSON object per line;
+- tools are listed in the system turn inside ``<tools></tools>``, one compact signature per line,
+  ``name(param: type, ...) - description`` (a tiny model has a small context; full JSON schemas
+  would triple the prompt of a one-tool agent);
 - the assistant calls a tool as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
 - a tool result is a turn of role ``tool``.
 
@@ -62,9 +64,19 @@ CHAT_TEMPLATE = (
     "{{ system }}"
     "{% if tools %}"
     "{% if system %}{{ '\\n' }}{% endif %}"
-    "{{ 'Tools:\\n<tools>\\n' }}"
-    "{% for tool in tools %}{{ (tool | tojson) + '\\n' }}{% endfor %}"
-    '{{ \'</tools>\\nCall a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.\' }}'
+    "{{ '<tools>\\n' }}"
+    "{% for tool in tools %}"
+    "{% set fn = tool.function if tool.function is defined else tool %}"
+    "{{ fn.name ~ '(' }}"
+    "{% if fn.parameters is defined and fn.parameters.properties is defined %}"
+    "{% for pname, pspec in fn.parameters.properties.items() %}"
+    "{% if not loop.first %}{{ ', ' }}{% endif %}"
+    "{{ pname }}{% if pspec.type is defined %}{{ ': ' ~ pspec.type }}{% endif %}"
+    "{% endfor %}"
+    "{% endif %}"
+    "{{ ')' }}{% if fn.description %}{{ ' - ' ~ fn.description }}{% endif %}{{ '\\n' }}"
+    "{% endfor %}"
+    "{{ '</tools>' }}"
     "{% endif %}"
     "{{ '<|im_end|>\\n' }}"
     "{% endif %}"
@@ -110,7 +122,7 @@ class TinyModelConfig:
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-_KIT_VERSION = 1
+_KIT_VERSION = 2
 
 _WORDS = (
     "the a an and or but if then else when while for to of in on at by with from as is are was were be been "

@@ -321,7 +321,9 @@ class Runner:
         remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - claimed_at))
         with (
             rollout_context(ctx),
-            span(semconv.SPAN_ROLLOUT, **{semconv.ROLLOUT_ID: ctx.rollout_id, semconv.ATTEMPT_ID: ctx.attempt_id}) as root,
+            span(
+                semconv.SPAN_ROLLOUT, **{semconv.ROLLOUT_ID: ctx.rollout_id, semconv.ATTEMPT_ID: ctx.attempt_id}
+            ) as root,
         ):
             future, thread = self._start_agent(rollout.task.input, llm, f"lightning-agent-{rollout.id}")
             lost = asyncio.Event()

@@ -523,6 +523,7 @@ async def _started(
         timeout_graceful_shutdown=5,
         server_header=False,
         date_header=False,
+        proxy_headers=False,
         # httptools (C) parses faster than h11 when installed (uvicorn[standard]); else h11, coalesced.
         http="httptools" if importlib.util.find_spec("httptools") else _CoalescingH11Protocol,
     )

@@ -249,7 +249,9 @@ class Trainer:
         if len(finished) < len(ids):
             done = {r.id for r in finished}
             late = [i for i in ids if i not in done]
-            log.warning("%d rollouts did not finish within %.0f s; cancelling them", len(late), self.config.step_timeout_s)
+            log.warning(
+                "%d rollouts did not finish within %.0f s; cancelling them", len(late), self.config.step_timeout_s
+            )
             await svc.store.cancel(late)
             finished = await svc.store.query_rollouts(ids=ids, limit=max(len(ids), 1))
         # the gateway writes spans off the request path: make sure this step's spans are in the store
@@ -291,4 +293,3 @@ def _update_batch(transitions: list[Transition], skip_zero: bool) -> list[Transi
     if not skip_zero:
         return transitions
     return [t for t in transitions if t.advantage != 0.0]
-

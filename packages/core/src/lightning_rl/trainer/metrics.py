@@ -34,7 +34,7 @@ class MetricsLogger:
                 log.debug("tensorboard not available; logging to metrics.jsonl only")
 
     def log(self, metrics: dict[str, float]) -> None:
-        row = {k: (float(v) if isinstance(v, int | float) else v) for k, v in metrics.items()}
+        row = {k: float(v) for k, v in metrics.items()}
         self.history.append(row)
         with self.path.open("a") as fh:
             fh.write(json.dumps(row, allow_nan=True) + "\n")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,7 @@ def resolve_model(model: str, cache_dir: Path | None = None) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def start_services(config: TrainerConfig, agent: AgentFn) -> AsyncIterator[Services]:
+async def start_services(config: TrainerConfig, agent: AgentFn) -> AsyncGenerator[Services]:
     import torch
     from transformers import AutoModelForCausalLM
 
