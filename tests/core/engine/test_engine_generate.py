@@ -47,7 +47,7 @@ def test_encode_chat_uses_the_template_with_tools(engine: TransformersEngine, ti
     tokenizer = AutoTokenizer.from_pretrained(tiny_path)
     text = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
     assert ids == tokenizer.encode(text, add_special_tokens=False)
-    assert '"name": "calculator"' in engine.tokenizer.decode(ids)
+    assert "calculator(" in engine.tokenizer.decode(ids)
     # OpenAI-style string arguments render like dict arguments.
     call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"x": 1}'}}
     as_string = engine.encode_chat([*messages, {"role": "assistant", "content": None, "tool_calls": [call]}], TOOLS)

@@ -12,7 +12,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -30,7 +30,7 @@ KILL_AFTER_BATCHES = 120
 
 
 @asynccontextmanager
-async def store_server(db: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+async def store_server(db: Path) -> AsyncGenerator[tuple[asyncio.subprocess.Process, str]]:
     """``lightning-rl store serve`` as a subprocess on a free port; yields the process and its URL."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -109,3 +109,16 @@ async def test_acknowledged_spans_survive_kill_9(tmp_path: Path) -> None:
             assert rollout.status == "succeeded"
         finally:
             await client.close()
+
+
+async def test_sigterm_stops_the_server_cleanly(tmp_path: Path) -> None:
+    async with store_server(tmp_path / "term.db") as (proc, url):
+        client = StoreClient(url)
+        await client.enqueue([RolloutRequest(id="ro-keep", task=Task(input=1))])
+        await client.close()
+        proc.terminate()
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+    async with store_server(tmp_path / "term.db") as (_, url):
+        client = StoreClient(url)
+        assert (await client.get_rollout("ro-keep")).status == "queued"
+        await client.close()

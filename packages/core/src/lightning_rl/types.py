@@ -8,6 +8,7 @@ which a status changes, so a rollout that timed out can never be reported as suc
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from enum import StrEnum
@@ -41,6 +42,10 @@ __all__ = [
     "StoreStats",
     "new_id",
 ]
+
+
+_URL_SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]+")
+"""Rollout ids appear in gateway URL paths, so they stay URL-safe."""
 
 
 def new_id(prefix: str = "") -> str:
@@ -168,8 +173,8 @@ class RolloutRequest(_Model):
     @field_validator("id")
     @classmethod
     def _id_is_url_safe(cls, v: str) -> str:
-        if not all(c.isalnum() or c in "-_.:" for c in v):
-            raise ValueError("rollout id may contain only letters, digits and - _ . :")
+        if _URL_SAFE_ID.fullmatch(v) is None:
+            raise ValueError("rollout id may contain only ASCII letters, digits and - _ . :")
         return v
 
 

@@ -166,5 +166,5 @@ def demonstrations(tasks: Sequence[Task], *, tool_rate: float, seed: int) -> lis
             out.append(Demonstration(history, f"The answer is {answer}."))
         else:
             guess = answer + rng.choice([-1, 1]) * rng.randint(1, 9)
-            out.append(Demonstration(base, f"The answer is {guess}."))
+            out.append(Demonstration(base, f"I think it is {guess}."))
     return out

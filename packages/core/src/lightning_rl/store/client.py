@@ -417,6 +417,9 @@ class StoreClient:
         return RolloutList.model_validate_json(await self._call("POST", "/rollouts/enqueue", body)).rollouts
 
     async def claim(self, worker_id: str, n: int = 1) -> list[Claim]:
+        """Claim up to ``n`` rollouts. Retried like every call; if a response is lost, the attempts
+        it opened are orphaned and the store times them out through the rollout's heartbeat timeout,
+        then requeues them (so remote workers should enqueue with ``heartbeat_timeout_s``)."""
         body = ClaimBody.model_construct(worker_id=worker_id, n=n)
         return ClaimList.model_validate_json(await self._call("POST", "/rollouts/claim", body)).claims
 

@@ -10,6 +10,9 @@ A span lands in the store when its span attributes, or failing that its resource
 an existing attempt. Every other span is counted as rejected and reported in the response's
 ``partial_success`` (as the OTLP specification asks), so an exporter never retries them forever.
 Ingest is idempotent on ``(trace_id, span_id)``, like ``add_spans``.
+
+Point an exporter at the store server with ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://HOST:4747/v1/traces``;
+if the server has a token, add ``OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20TOKEN``.
 """
 
 from __future__ import annotations

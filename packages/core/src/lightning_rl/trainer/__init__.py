@@ -1,8 +1,24 @@
-"""The LightningRL trainer: the loop, its config, metrics. Importing it loads torch."""
+"""The LightningRL trainer: the loop, its config, metrics.
+
+Exports load on first access: the config pulls in the torch backend, and ``lightning-rl --help``
+(which imports ``lightning_rl.trainer._cli``) must not pay for torch.
+"""
 
 from __future__ import annotations
 
-from lightning_rl.trainer.config import TrainerConfig
-from lightning_rl.trainer.loop import Trainer, TrainResult
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning_rl.trainer.config import TrainerConfig
+    from lightning_rl.trainer.loop import Trainer, TrainResult
 
 __all__ = ["Trainer", "TrainerConfig", "TrainResult"]
+
+_WHERE = {"Trainer": "loop", "TrainResult": "loop", "TrainerConfig": "config"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'lightning_rl.trainer' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"lightning_rl.trainer.{_WHERE[name]}"), name)
