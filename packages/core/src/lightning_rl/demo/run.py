@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lightning_rl.backends.torch_backend import TorchBackendConfig
-from lightning_rl.demo.calculator import CALCULATOR_TOOL, calculator_agent, demonstrations, make_tasks
+from lightning_rl.demo.calculator import (
+    CALCULATOR_TOOL,
+    Demonstration,
+    calculator_agent,
+    demonstrations,
+    make_tasks,
+)
 from lightning_rl.trainer import Trainer, TrainerConfig, TrainResult
+from lightning_rl.types import Task
 
 __all__ = ["DemoConfig", "DemoResult", "warm_start", "run_demo", "print_summary"]
 
@@ -30,14 +38,20 @@ class DemoConfig:
     steps: int = 12
     batch_size: int = 16
     group_size: int = 8
-    n_train: int = 400
-    n_val: int = 100
-    sft_examples: int = 1500
-    sft_steps: int = 300
-    sft_batch_size: int = 32
+    n_train: int = 130
+    n_val: int = 60
+    """Questions use single-digit operands: 192 distinct, split into training and held-out."""
+    expert_steps: int = 600
+    """Warm-start phase 1: steps on expert demonstrations (always use the tool, copy its result)."""
+    polish_steps: int = 200
+    """Phase 1b: more expert steps with the learning rate decaying (sharpens the copying)."""
+    habit_steps: int = 40
+    """Phase 2: steps on a sloppy demonstrator's data, who answers from memory most of the time."""
+    habit_tool_rate: float = 0.3
+    """How often the sloppy demonstrator uses its tool."""
+    sft_batch_size: int = 16
     sft_lr: float = 3e-3
-    tool_rate: float = 0.4
-    """How often the demonstrator uses its tool (the rest it answers from memory, wrongly)."""
+    habit_lr: float = 1e-3
     rl_lr: float = 1e-3
     temperature: float = 1.0
     val_every: int = 4
@@ -55,34 +69,45 @@ class DemoResult:
     train: TrainResult
 
 
-def warm_start(model_dir: Path, out_dir: Path, cfg: DemoConfig) -> Path:
-    """Supervised pass over synthetic demonstrations; saves an HF folder at ``out_dir``."""
+def warm_start(model_dir: Path, out_dir: Path, cfg: DemoConfig, tasks: Sequence[Task]) -> Path:
+    """Supervised warm-start on synthetic demonstrations of ``tasks``; saves an HF folder at ``out_dir``.
+
+    Phase 1 teaches the format and the skill (call the tool with the right expression, copy its
+    result) from an expert; phase 2 fine-tunes briefly on a sloppy demonstrator who mostly answers
+    from memory. The result knows how to use its tool but rarely does: the imperfect base RL fixes.
+    """
     from transformers import AutoModelForCausalLM
 
     from lightning_rl.backends.torch_backend import TorchBackend
     from lightning_rl.engine.hf import TransformersEngine
 
-    tasks = make_tasks(cfg.sft_examples, seed=cfg.seed + 1000)
-    demos = demonstrations(tasks, tool_rate=cfg.tool_rate, seed=cfg.seed)
     engine = TransformersEngine.from_pretrained(model_dir)
     try:
         eos = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        examples = [
-            (
-                engine.encode_chat(d.messages, [CALCULATOR_TOOL]),
-                [*engine.tokenizer.encode(d.completion, add_special_tokens=False), eos],
-            )
-            for d in demos
-        ]
+
+        def encode(demos: list[Demonstration]) -> list[tuple[list[int], list[int]]]:
+            return [
+                (
+                    engine.encode_chat(d.messages, [CALCULATOR_TOOL]),
+                    [*engine.tokenizer.encode(d.completion, add_special_tokens=False), eos],
+                )
+                for d in demos
+            ]
+
+        expert = encode(demonstrations(tasks, tool_rate=1.0, seed=cfg.seed))
+        sloppy = encode(demonstrations(tasks, tool_rate=cfg.habit_tool_rate, seed=cfg.seed + 1))
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+        backend = TorchBackend(model, TorchBackendConfig(lr=cfg.sft_lr, seed=cfg.seed))
+        losses = backend.sft(expert, steps=cfg.expert_steps, batch_size=cfg.sft_batch_size, warmup_steps=20)
+        losses += backend.sft(expert, steps=cfg.polish_steps, batch_size=cfg.sft_batch_size, final_lr_fraction=0.1)
+        habit = TorchBackend(model, TorchBackendConfig(lr=cfg.habit_lr, seed=cfg.seed + 1))
+        losses += habit.sft(sloppy, steps=cfg.habit_steps, batch_size=cfg.sft_batch_size)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out_dir)
+        engine.tokenizer.save_pretrained(out_dir)
     finally:
         engine.close()
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-    backend = TorchBackend(model, TorchBackendConfig(lr=cfg.sft_lr, seed=cfg.seed))
-    losses = backend.sft(examples, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    engine.tokenizer.save_pretrained(out_dir)
-    (out_dir / "warm_start.json").write_text(json.dumps({"losses": losses[-10:], "examples": len(examples)}))
+    (out_dir / "warm_start.json").write_text(json.dumps({"final_losses": losses[-10:], "examples": len(expert)}))
     return out_dir
 
 
@@ -93,9 +118,9 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     started = time.perf_counter()
     run_dir = Path(cfg.run_dir)
     base = resolve_model("tiny") if not cfg.model_overrides else _tiny(cfg.model_overrides)
-    warm = warm_start(base, run_dir / "warm_start", cfg)
-    tasks = make_tasks(cfg.n_train + cfg.n_val, seed=cfg.seed)
+    tasks = make_tasks(cfg.n_train + cfg.n_val, seed=cfg.seed, high=9)
     train, val = tasks[: cfg.n_train], tasks[cfg.n_train :]
+    warm = warm_start(base, run_dir / "warm_start", cfg, train)
     trainer = Trainer(
         TrainerConfig(
             model=str(warm),

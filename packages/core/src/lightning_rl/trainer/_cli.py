@@ -21,7 +21,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (tasks, model init, sampling)")
     p.add_argument("--out", default="runs/demo", help="run folder: metrics.jsonl, reward_curve.png, checkpoints")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's tuned value)")
-    p.add_argument("--sft-steps", type=int, default=None, help="warm-start steps (default: tuned value)")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     p.set_defaults(handler=_demo)
 
@@ -35,8 +34,6 @@ def _demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig(seed=args.seed, run_dir=args.out, progress=not args.quiet)
     if args.steps is not None:
         cfg.steps = args.steps
-    if args.sft_steps is not None:
-        cfg.sft_steps = args.sft_steps
     result = run_demo(cfg)
     print_summary(result)
     return 0
