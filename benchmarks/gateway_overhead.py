@@ -1,15 +1,26 @@
-"""How much latency the gateway adds in front of an OpenAI-compatible upstream.
+"""How much latency and CPU the gateway adds in front of an OpenAI-compatible upstream.
 
-Setup: a minimal fake vLLM server (``lightning_rl.testing.fast_upstream_app``: one pre-serialised
-answer with token ids and logprobs) runs in its own process; the gateway runs in upstream mode in
-another process, recording every call as an ``llm.call`` span (rollout URL, in-process MemoryStore
-through the SpanWriter). A client process with ``--clients`` concurrent workers sends chat
-completions first to the upstream directly, then through the gateway, and reports latency
-percentiles and requests/s. Each measurement is repeated ``--runs`` times; the median run is shown.
+Setup, three kinds of processes so none steals the others' event loop:
 
-    uv run python benchmarks/gateway_overhead.py [--clients 32] [--requests 2000] [--runs 3]
+* a minimal fake vLLM server (``lightning_rl.testing.fast_upstream_app``: one pre-serialised answer
+  with token ids and logprobs) in its own process;
+* the gateway in upstream mode in a second process, recording every call as an ``llm.call`` span
+  (rollout URL, in-process ``MemoryStore`` behind the ``SpanWriter``), served by uvicorn exactly as
+  ``lightning-rl gateway serve`` serves it;
+* this process as the client: ``--clients`` concurrent workers on one ``httpx.AsyncClient`` (what
+  the OpenAI SDK uses) with as many keep-alive connections as workers, for both paths.
 
-Target: <= 2 ms added at p50.
+For each client count, a run sends ``--requests`` chat completions to the upstream directly, then
+the same number through the gateway (runs alternate, so a burst of outside load hits both paths);
+each run starts with an untimed warm-up that opens every connection on both hops. Reported per
+path: p50/p99 latency and requests/s of the median run, and the CPU time each process spent per
+request (``/proc/<pid>/stat``, summed over all runs; more stable than wall time on a shared
+machine). "added" is gateway minus direct. The 1-minute load average before and after is printed:
+on a shared machine, quote numbers taken at load < 0.5.
+
+    uv run python benchmarks/gateway_overhead.py [--clients 1,32] [--requests 2000] [--runs 3]
+
+Target (issue 3): <= 2 ms added at p50 with 32 clients.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ BODY: dict[str, Any] = {
     "max_tokens": 16,
     "temperature": 1.0,
 }
+WARMUP_PER_CLIENT = 5
 
 
 # --------------------------------------------------------------------------------------------
@@ -49,7 +61,7 @@ def serve_upstream(port: int) -> None:
 def serve_gateway(port: int, upstream: str) -> None:
     import uvicorn
 
-    from lightning_rl.gateway import UpstreamBackend, create_gateway_app
+    from lightning_rl.gateway import UpstreamBackend, create_gateway_app, uvicorn_config
     from lightning_rl.store import MemoryStore
     from lightning_rl.types import RolloutRequest, Task
 
@@ -59,7 +71,7 @@ def serve_gateway(port: int, upstream: str) -> None:
         [claim] = await store.claim("bench-worker")
         app = create_gateway_app(UpstreamBackend(upstream, model="fake-model"), store=store)
         print(f"ATTEMPT {claim.attempt.id}", flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+        server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, log_level="warning"))
         await server.serve()
 
     asyncio.run(main())
@@ -89,6 +101,23 @@ def _wait_ready(url: str, timeout_s: float = 30.0) -> None:
     raise RuntimeError(f"{url} did not come up within {timeout_s} s")
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``; 0.0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
 # --------------------------------------------------------------------------------------------
 # client
 # --------------------------------------------------------------------------------------------
@@ -98,9 +127,13 @@ async def measure(url: str, clients: int, requests: int) -> dict[str, float]:
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(limits=limits, timeout=30.0) as http:
-        for _ in range(clients):  # warm the connections
-            (await http.post(url, json=BODY)).raise_for_status()
-        per_client = requests // clients
+
+        async def warm() -> None:  # opens every connection on both hops, untimed
+            for _ in range(WARMUP_PER_CLIENT):
+                (await http.post(url, json=BODY)).raise_for_status()
+
+        await asyncio.gather(*(warm() for _ in range(clients)))
+        per_client = max(1, requests // clients)
 
         async def worker() -> None:
             for _ in range(per_client):
@@ -115,12 +148,49 @@ async def measure(url: str, clients: int, requests: int) -> dict[str, float]:
         elapsed = time.perf_counter() - start
     latencies.sort()
     q = statistics.quantiles(latencies, n=100)
-    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed}
+    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed, "n": len(latencies)}
+
+
+def _run(url: str, clients: int, requests: int, pids: dict[str, int]) -> dict[str, float]:
+    """One measured run, with the CPU seconds each process spent during it (warm-up included)."""
+    before = {name: _cpu_s(pid) for name, pid in pids.items()}
+    client_before = time.process_time()
+    result = asyncio.run(measure(url, clients, requests))
+    result["cpu_client"] = time.process_time() - client_before
+    for name, pid in pids.items():
+        result[f"cpu_{name}"] = _cpu_s(pid) - before[name]
+    result["n_total"] = result["n"] + clients * WARMUP_PER_CLIENT
+    return result
+
+
+def _report(clients: int, requests: int, results: dict[str, list[dict[str, float]]]) -> None:
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[name])
+
+    def cpu_ms(name: str, proc: str) -> float:
+        runs = results[name]
+        return 1e3 * sum(r[f"cpu_{proc}"] for r in runs) / sum(r["n_total"] for r in runs)
+
+    print(f"\n### {clients} client(s), {requests} requests/run, {len(results['direct'])} runs (median run)")
+    print("| path | p50 ms | p99 ms | requests/s | gateway CPU ms/req | upstream CPU ms/req | client CPU ms/req |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in ("direct", "gateway"):
+        gw_cpu = f"{cpu_ms(name, 'gateway'):.3f}" if name == "gateway" else "-"
+        print(
+            f"| {name} | {median(name, 'p50_ms'):.2f} | {median(name, 'p99_ms'):.2f} | {median(name, 'rps'):.0f} "
+            f"| {gw_cpu} | {cpu_ms(name, 'upstream'):.3f} | {cpu_ms(name, 'client'):.3f} |"
+        )
+    added50 = median("gateway", "p50_ms") - median("direct", "p50_ms")
+    added99 = median("gateway", "p99_ms") - median("direct", "p99_ms")
+    print(f"| **added by the gateway** | **{added50:.2f}** | {added99:.2f} | | | | |")
+    for name in ("direct", "gateway"):
+        runs = ", ".join(f"{r['p50_ms']:.2f}" for r in results[name])
+        print(f"{name} p50 per run: {runs}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--clients", default="1,32", help="Comma-separated concurrent client counts.")
     parser.add_argument("--requests", type=int, default=2000, help="Requests per run (split over the clients).")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
@@ -133,9 +203,11 @@ def main() -> None:
         serve_gateway(int(args.serve_gateway[0]), args.serve_gateway[1])
         return
 
+    client_counts = [int(c) for c in str(args.clients).split(",") if c.strip()]
     up_port, gw_port = _free_port(), _free_port()
     upstream = f"http://127.0.0.1:{up_port}"
     procs = [_spawn("--serve-upstream", str(up_port))]
+    load_before = _load()
     try:
         _wait_ready(f"{upstream}/v1/models")
         procs.append(_spawn("--serve-gateway", str(gw_port), upstream))
@@ -143,33 +215,28 @@ def main() -> None:
         attempt = procs[1].stdout.readline().split()[1]
         gateway = f"http://127.0.0.1:{gw_port}"
         _wait_ready(f"{gateway}/health")
+        pids = {"upstream": procs[0].pid, "gateway": procs[1].pid}
         direct_url = f"{upstream}/v1/chat/completions"
         gateway_url = f"{gateway}/rollouts/bench/attempts/{attempt}/v1/chat/completions"
-        results: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
-        for _ in range(args.runs):
-            results["direct"].append(asyncio.run(measure(direct_url, args.clients, args.requests)))
-            results["gateway"].append(asyncio.run(measure(gateway_url, args.clients, args.requests)))
+        print(
+            f"cpus={os.cpu_count()} python={sys.version.split()[0]} load(1 min) before={load_before:.2f}",
+            flush=True,
+        )
+        for clients in client_counts:
+            results: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
+            for _ in range(args.runs):
+                results["direct"].append(_run(direct_url, clients, args.requests, pids))
+                results["gateway"].append(_run(gateway_url, clients, args.requests, pids))
+            _report(clients, args.requests, results)
         metrics = httpx.get(f"{gateway}/metrics?format=json").json()
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(timeout=10)
-
-    def median(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[name])
-
-    print(f"cpus={os.cpu_count()} clients={args.clients} requests/run={args.requests} runs={args.runs} (median run)")
-    print("| path | p50 ms | p99 ms | requests/s |")
-    print("|---|---|---|---|")
-    for name in ("direct", "gateway"):
-        print(f"| {name} | {median(name, 'p50_ms'):.2f} | {median(name, 'p99_ms'):.2f} | {median(name, 'rps'):.0f} |")
-    added50 = median("gateway", "p50_ms") - median("direct", "p50_ms")
-    added99 = median("gateway", "p99_ms") - median("direct", "p99_ms")
-    print(f"| added by the gateway | {added50:.2f} | {added99:.2f} | |")
     print(
-        f"spans written={metrics.get('spans_written_total')} dropped={metrics.get('spans_dropped_total')} "
-        f"pending={metrics.get('spans_pending')}"
+        f"\nspans written={metrics.get('spans_written_total')} dropped={metrics.get('spans_dropped_total')} "
+        f"pending={metrics.get('spans_pending')}; load(1 min) after={_load():.2f}"
     )
 
 

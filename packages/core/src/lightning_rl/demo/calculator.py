@@ -1,8 +1,11 @@
 """The built-in demo agent: a multi-turn, tool-using calculator agent on the plain ``openai`` client.
 
-The task is an arithmetic question ("What is 37 * 12?"). The agent offers the model one tool,
-``calculator``; when the model calls it, the agent runs it and sends the result back; the model's
-final message must state the number. Reward: 1 if the last integer in the final answer is right.
+The task is an arithmetic question in words ("What is 17 times 12?"). The agent holds the two
+numbers and offers the model one tool, ``calculator(operation)``: the model chooses the operation
+(``add``, ``subtract`` or ``multiply``), the agent applies it and sends the result back, and the
+model's final message must state the number. Reward: 1 if the last integer in the final answer is
+right. (The model routes and reports; it never has to copy the operands, which a model of a million
+parameters learns only slowly.)
 
 The demonstrations used to warm-start the tiny model reproduce a failure common to real agents:
 the demonstrator often answers "from memory" instead of calling its tool, and those answers are
@@ -42,27 +45,27 @@ CALCULATOR_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
+        "description": "Apply add, subtract or multiply to the two numbers.",
         "parameters": {
             "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
+            "properties": {"operation": {"type": "string", "enum": ["add", "subtract", "multiply"]}},
+            "required": ["operation"],
         },
     },
 }
-_OPS = ("+", "-", "*")
-_OP_NAMES = {"+": "plus", "-": "minus", "*": "times"}
-_EXPRESSION = re.compile(r"^\s*(-?\d{1,6})\s*([+\-*])\s*(-?\d{1,6})\s*$")
-_QUESTIONS = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "How much is {a} {op} {b}?")
+_OPERATIONS = {"plus": "add", "minus": "subtract", "times": "multiply"}
+_QUESTIONS = ("What is {a} {word} {b}?", "Compute {a} {word} {b}.", "How much is {a} {word} {b}?")
 
 
-def calculator(expression: str) -> str:
-    """Evaluate ``a op b`` (``op`` in + - *); raise ``ValueError`` on anything else."""
-    match = _EXPRESSION.match(expression)
-    if match is None:
-        raise ValueError(f"cannot evaluate {expression!r}: use the form '12 * 34'")
-    a, op, b = int(match[1]), match[2], int(match[3])
-    return str(a + b if op == "+" else a - b if op == "-" else a * b)
+def calculator(operation: str, a: int, b: int) -> str:
+    """Apply ``operation`` (add, subtract, multiply) to ``a`` and ``b``; ``ValueError`` otherwise."""
+    if operation == "add":
+        return str(a + b)
+    if operation == "subtract":
+        return str(a - b)
+    if operation == "multiply":
+        return str(a * b)
+    raise ValueError(f"unknown operation {operation!r}: use add, subtract or multiply")
 
 
 def score_answer(text: str | None, answer: int) -> float:
@@ -92,7 +95,8 @@ async def calculator_agent(task: dict[str, Any], llm: LLM) -> float:
                 try:
                     if name is None or call.function.name != "calculator":
                         raise ValueError("unknown tool; the only tool is 'calculator'")
-                    result = calculator(str(json.loads(call.function.arguments).get("expression", "")))
+                    operation = str(json.loads(call.function.arguments).get("operation", ""))
+                    result = calculator(operation, int(task["a"]), int(task["b"]))
                 except (ValueError, TypeError, AttributeError, json.JSONDecodeError) as exc:
                     emit_signal("tool_error", 1.0, tool_call_id=call.id)
                     result = f"error: {exc}"
@@ -102,27 +106,29 @@ async def calculator_agent(task: dict[str, Any], llm: LLM) -> float:
         await client.close()
 
 
-def make_tasks(n: int, *, seed: int, low: int = 2, high: int = 40) -> list[Task]:
-    """``n`` distinct questions ``a op b`` with ``a, b`` in ``[low, high]``, deterministic in ``seed``."""
+def make_tasks(n: int, *, seed: int, low: int = 2, high: int = 15) -> list[Task]:
+    """``n`` distinct questions ``a <word> b`` with ``a, b`` in ``[low, high]``, deterministic in ``seed``."""
     rng = random.Random(seed)
     seen: set[tuple[int, str, int]] = set()
     tasks: list[Task] = []
-    capacity = (high - low + 1) ** 2 * len(_OPS)
+    capacity = (high - low + 1) ** 2 * len(_OPERATIONS)
     if n > capacity:
         raise ValueError(f"only {capacity} distinct questions exist in [{low}, {high}]; ask for fewer.")
+    words = sorted(_OPERATIONS)
     while len(tasks) < n:
-        a, b, op = rng.randint(low, high), rng.randint(low, high), rng.choice(_OPS)
-        if (a, op, b) in seen:
+        a, b, word = rng.randint(low, high), rng.randint(low, high), rng.choice(words)
+        if (a, word, b) in seen:
             continue
-        seen.add((a, op, b))
-        question = rng.choice(_QUESTIONS).format(a=a, op=op, b=b)
-        answer = int(calculator(f"{a} {op} {b}"))
-        tasks.append(
-            Task(
-                id=f"{a}{_OP_NAMES[op]}{b}",
-                input={"question": question, "answer": answer, "expression": f"{a} {op} {b}"},
-            )
-        )
+        seen.add((a, word, b))
+        operation = _OPERATIONS[word]
+        data = {
+            "question": rng.choice(_QUESTIONS).format(a=a, word=word, b=b),
+            "a": a,
+            "b": b,
+            "operation": operation,
+            "answer": int(calculator(operation, a, b)),
+        }
+        tasks.append(Task(id=f"{a}{word}{b}", input=data))
     return tasks
 
 
@@ -150,7 +156,7 @@ def demonstrations(tasks: Sequence[Task], *, tool_rate: float, seed: int) -> lis
         base = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": data["question"]}]
         answer = int(data["answer"])
         if rng.random() < tool_rate:
-            arguments = json.dumps({"expression": data["expression"]})
+            arguments = json.dumps({"operation": data["operation"]})
             call = f'<tool_call>{{"name": "calculator", "arguments": {arguments}}}</tool_call>'
             out.append(Demonstration(base, call))
             history = base + [

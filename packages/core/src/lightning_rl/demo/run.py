@@ -38,10 +38,10 @@ class DemoConfig:
     steps: int = 12
     batch_size: int = 16
     group_size: int = 8
-    n_train: int = 130
-    n_val: int = 60
-    """Questions use single-digit operands: 192 distinct, split into training and held-out."""
-    expert_steps: int = 600
+    n_train: int = 300
+    n_val: int = 100
+    """Questions use operands 2-15 (588 distinct), split into training and held-out tasks."""
+    expert_steps: int = 800
     """Warm-start phase 1: steps on expert demonstrations (always use the tool, copy its result)."""
     polish_steps: int = 200
     """Phase 1b: more expert steps with the learning rate decaying (sharpens the copying)."""
@@ -118,7 +118,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     started = time.perf_counter()
     run_dir = Path(cfg.run_dir)
     base = resolve_model("tiny") if not cfg.model_overrides else _tiny(cfg.model_overrides)
-    tasks = make_tasks(cfg.n_train + cfg.n_val, seed=cfg.seed, high=9)
+    tasks = make_tasks(cfg.n_train + cfg.n_val, seed=cfg.seed)
     train, val = tasks[: cfg.n_train], tasks[cfg.n_train :]
     warm = warm_start(base, run_dir / "warm_start", cfg, train)
     trainer = Trainer(

@@ -22,13 +22,14 @@ if TYPE_CHECKING:
         UpstreamBackend,
     )
     from lightning_rl.gateway.recording import CallContext, build_llm_spans
-    from lightning_rl.gateway.server import running_gateway
+    from lightning_rl.gateway.server import running_gateway, uvicorn_config
 
 __all__ = [
     # app
     "create_gateway_app",
     "GatewayConfig",
     "running_gateway",
+    "uvicorn_config",
     # backends
     "GatewayBackend",
     "EngineBackend",
@@ -46,6 +47,7 @@ _WHERE = {
     "create_gateway_app": "app",
     "GatewayConfig": "app",
     "running_gateway": "server",
+    "uvicorn_config": "server",
     "GatewayBackend": "backends",
     "EngineBackend": "backends",
     "UpstreamBackend": "backends",

@@ -89,6 +89,7 @@ async def _run(args: argparse.Namespace, token: str | None) -> None:
 
     from lightning_rl.gateway.app import GatewayConfig, create_gateway_app
     from lightning_rl.gateway.backends import EngineBackend, GatewayBackend, UpstreamBackend
+    from lightning_rl.gateway.server import uvicorn_config
 
     store = None
     if args.store:
@@ -103,7 +104,7 @@ async def _run(args: argparse.Namespace, token: str | None) -> None:
         backend = EngineBackend(engine, owns_engine=True)
     config = GatewayConfig(max_n=args.max_n, max_tokens_limit=args.max_tokens)
     app = create_gateway_app(backend, store=store, token=token, config=config)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False))
+    server = uvicorn.Server(uvicorn_config(app, args.host, args.port, log_level="info"))
     try:
         await server.serve()
     finally:

@@ -9,6 +9,11 @@ not recorded (evaluation, plain use). Recording never sits on the request path: 
 
 Bad input is answered the way the OpenAI API answers it (``{"error": {...}}`` with a 4xx), so agent
 frameworks surface a readable message; only a bug in the gateway gives a 500.
+
+The model-call routes are the hot path: the app answers them in its own ``__call__`` (a path split,
+the raw body, a JSON body of known length; see ``_asgi``) before FastAPI's middleware and router,
+which serve everything else. Handlers take the raw body and the call's context and return the
+JSON bytes of a 200, or a ``Response`` (errors, streams).
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from lightning_rl.engine.base import InferenceEngine, SamplingParams
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.gateway import formatting as fmt
+from lightning_rl.gateway._asgi import CALL_PATHS, CallKind, bearer_ok, match_call, read_body, scope_context, send_json
 from lightning_rl.gateway.backends import CallSpec, EngineBackend, GatewayBackend, StreamPiece
 from lightning_rl.gateway.protocol import (
     ChatCompletionRequest,
@@ -93,23 +99,7 @@ class _SSE(StreamingResponse):
                 await aclose()
 
 
-class _TokenGuard:
-    """Pure ASGI check of the bearer token (cheaper than a Starlette middleware)."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self._expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            auth = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if auth != self._expected:
-                msg = "missing or wrong API key: send 'Authorization: Bearer <the gateway token>'."
-                await error_response(401, msg, type="authentication_error", code="invalid_api_key")(
-                    scope, receive, send
-                )
-                return
-        await self.app(scope, receive, send)
+_Handler = Callable[[bytes, CallContext], Awaitable[bytes | Response]]
 
 
 def _context(request: Request) -> CallContext:
@@ -122,8 +112,7 @@ def _context(request: Request) -> CallContext:
     )
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+def _body(raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -131,6 +120,11 @@ async def _body(request: Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise GatewayHTTPError(400, "the request body must be a JSON object.")
     return data
+
+
+def _json(payload: dict[str, Any]) -> bytes:
+    """A 200 body, serialised as Starlette's ``JSONResponse`` would (compact, UTF-8, no NaN)."""
+    return json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _validate(model: type[_M], body: dict[str, Any]) -> _M:
@@ -266,11 +260,11 @@ class _Gateway:
         return JSONResponse({"object": "list", "data": data})
 
     # --- /v1/chat/completions ---------------------------------------------------------------
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, raw: bytes, ctx: CallContext) -> bytes | Response:
         start_ns = time.time_ns()
         self.requests["chat.completions"] += 1
         try:
-            body = await _body(request)
+            body = _body(raw)
             req = _validate(ChatCompletionRequest, body)
             self._model(req.model)
             n = req.n or 1
@@ -301,7 +295,6 @@ class _Gateway:
                 want_logprobs=want_lp,
                 body=body,
             )
-            ctx = _context(request)
             rid = new_call_id("chatcmpl-")
             created = int(time.time())
             model = self.backend.model_name
@@ -322,7 +315,7 @@ class _Gateway:
                 self.in_flight -= 1
             info = self._info("chat.completions", "chat", req.model, rid, False, start_ns, spec, req.messages)
             self.recorder.record(ctx, info, result)
-            return JSONResponse(fmt.chat_response(rid, created, model, result, want_lp))
+            return _json(fmt.chat_response(rid, created, model, result, want_lp))
         except Exception as exc:
             return self._error(exc)
 
@@ -358,11 +351,11 @@ class _Gateway:
         yield "data: [DONE]\n\n"
 
     # --- /v1/completions --------------------------------------------------------------------
-    async def completions(self, request: Request) -> Response:
+    async def completions(self, raw: bytes, ctx: CallContext) -> bytes | Response:
         start_ns = time.time_ns()
         self.requests["completions"] += 1
         try:
-            body = await _body(request)
+            body = _body(raw)
             req = _validate(CompletionRequest, body)
             self._model(req.model)
             n = req.n or 1
@@ -374,7 +367,6 @@ class _Gateway:
                 CallSpec("completion", params, n, req.max_tokens, prompt=p, want_logprobs=want_lp, body=body)
                 for p in prompts
             ]
-            ctx = _context(request)
             rid = new_call_id("cmpl-")
             created = int(time.time())
             model = self.backend.model_name
@@ -402,16 +394,16 @@ class _Gateway:
             for spec, result in zip(specs, results, strict=True):
                 info = self._info("completions", "text_completion", req.model, rid, False, start_ns, spec, spec.prompt)
                 self.recorder.record(ctx, info, result)
-            return JSONResponse(fmt.completion_response(rid, created, model, list(results), n, want_lp))
+            return _json(fmt.completion_response(rid, created, model, list(results), n, want_lp))
         except Exception as exc:
             return self._error(exc)
 
     # --- /v1/responses ----------------------------------------------------------------------
-    async def responses(self, request: Request) -> Response:
+    async def responses(self, raw: bytes, ctx: CallContext) -> bytes | Response:
         start_ns = time.time_ns()
         self.requests["responses"] += 1
         try:
-            body = await _body(request)
+            body = _body(raw)
             req = _validate(ResponsesRequest, body)
             self._model(req.model)
             max_tokens = self._limits(1, req.max_output_tokens, "max_output_tokens")
@@ -437,7 +429,6 @@ class _Gateway:
                 tool_choice=tool_choice,
                 body=chat_body,
             )
-            ctx = _context(request)
             rid = new_call_id("resp_")
             created = int(time.time())
             model = self.backend.model_name
@@ -465,7 +456,7 @@ class _Gateway:
             info = self._info("responses", "chat", req.model, rid, False, start_ns, spec, messages)
             self.recorder.record(ctx, info, result)
             message_id = "msg_" + rid.removeprefix("resp_")[:24]
-            return JSONResponse(fmt.response_object(rid, created, model, req, result, message_id=message_id))
+            return _json(fmt.response_object(rid, created, model, req, result, message_id=message_id))
         except Exception as exc:
             return self._error(exc)
 
@@ -579,7 +570,7 @@ class _Gateway:
     async def admin_weights(self, request: Request) -> Response:
         """Swap weights (embedded engine) or record the upstream's new version: ``{"path", "version"}``."""
         try:
-            body = await _body(request)
+            body = _body(await request.body())
             version = body.get("version")
             path = body.get("path")
             if not isinstance(version, int) or isinstance(version, bool) or version < 0:
@@ -611,6 +602,48 @@ def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str 
                 raise GatewayHTTPError(400, "a token-id prompt is empty.", param="prompt")
             out.append([int(t) for t in p])
     return out
+
+
+class _GatewayApp(FastAPI):
+    """FastAPI with the model-call routes answered before its middleware and router (the hot path)."""
+
+    gateway: _Gateway
+    expected_auth: bytes | None = None
+    calls: dict[CallKind, _Handler]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if self.expected_auth is not None and path != "/health" and not bearer_ok(scope, self.expected_auth):
+                msg = "missing or wrong API key: send 'Authorization: Bearer <the gateway token>'."
+                await error_response(401, msg, type="authentication_error", code="invalid_api_key")(
+                    scope, receive, send
+                )
+                return
+            if scope["method"] == "POST" and not scope.get("root_path"):
+                hit = match_call(path)
+                if hit is not None:
+                    kind, rollout, attempt, role = hit
+                    raw = await read_body(receive)
+                    if raw is None:
+                        return  # the client left before sending its request: nobody to answer
+                    out = await self.calls[kind](raw, scope_context(scope, rollout, attempt, role))
+                    if isinstance(out, bytes):
+                        await send_json(send, 200, out)
+                    else:
+                        await out(scope, receive, send)
+                    return
+        await super().__call__(scope, receive, send)
+
+
+def _endpoint(handler: _Handler) -> Callable[[Request], Awaitable[Response]]:
+    """A Starlette endpoint for ``handler`` (the router's copy of a hot route; see ``_GatewayApp``)."""
+
+    async def endpoint(request: Request) -> Response:
+        out = await handler(await request.body(), _context(request))
+        return Response(out, media_type="application/json") if isinstance(out, bytes) else out
+
+    return endpoint
 
 
 def create_gateway_app(
@@ -659,20 +692,16 @@ def create_gateway_app(
                     await writer.flush(timeout=10.0)
             await gw.backend.aclose()
 
-    app = FastAPI(title="Lightning gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = _GatewayApp(title="Lightning gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.gateway = gw
     app.state.gateway = gw
-    routes: list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]] = [
-        ("/v1/models", gw.models, ["GET"]),
-        ("/v1/chat/completions", gw.chat, ["POST"]),
-        ("/v1/completions", gw.completions, ["POST"]),
-        ("/v1/responses", gw.responses, ["POST"]),
-    ]
+    app.expected_auth = f"Bearer {token}".encode() if token else None
+    app.calls = {"chat": gw.chat, "completions": gw.completions, "responses": gw.responses}
     for prefix in _PREFIXES:
-        for path, handler, methods in routes:
-            app.add_route(prefix + path, handler, methods=methods, include_in_schema=False)
+        app.add_route(prefix + "/v1/models", gw.models, methods=["GET"], include_in_schema=False)
+        for path, kind in CALL_PATHS.items():
+            app.add_route(prefix + path, _endpoint(app.calls[kind]), methods=["POST"], include_in_schema=False)
     app.add_route("/metrics", gw.metrics, methods=["GET"], include_in_schema=False)
     app.add_route("/health", gw.health, methods=["GET"], include_in_schema=False)
     app.add_route("/admin/weights", gw.admin_weights, methods=["POST"], include_in_schema=False)
-    if token:
-        app.add_middleware(_TokenGuard, token=token)
     return app

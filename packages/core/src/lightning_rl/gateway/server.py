@@ -1,18 +1,112 @@
-"""Run a gateway (or any ASGI app) with uvicorn inside the current event loop.
+"""Run a gateway (or any ASGI app) with uvicorn, configured for a cheap request path.
 
 Tests, examples and the trainer start a gateway next to their own async code; running uvicorn as a
 task of the current loop (instead of a thread or a subprocess) keeps the engine, the store and the
 agent on one loop and makes start-up and shutdown deterministic.
+
+``uvicorn_config`` is what every gateway process uses (``running_gateway``, ``lightning-rl gateway
+serve``, the benchmark). It picks uvicorn's httptools parser when installed and coalesces the
+writes of one event-loop step into one ``send``: uvicorn writes a response's head and body
+separately, and on loopback each ``send`` costs the gateway tens of microseconds and wakes the
+client twice. It also drops the ``date``/``server`` headers and proxy-header rewriting, which the
+gateway never needs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
-__all__ = ["running_gateway"]
+__all__ = ["running_gateway", "uvicorn_config", "http_protocol"]
+
+
+class _CoalescingTransport:
+    """A transport that sends a response's head together with the body written after it.
+
+    A write that starts a response (``HTTP/``) is held; the next write (the body, normally in the
+    same loop step) sends both in one ``send``. If no body follows in this step (a stream whose
+    first chunk comes later), the head leaves at the end of the step. Any other write goes out at
+    once, after whatever is held, so the byte order never changes.
+    """
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._buffer: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if self._buffer:  # the held head: send it with this write, now
+            self._buffer.append(bytes(data))
+            self._flush()
+        elif data[:5] == b"HTTP/":
+            self._buffer.append(bytes(data))
+            self._loop.call_soon(self._flush)
+        else:
+            self._transport.write(data)
+
+    def writelines(self, list_of_data: Any) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def _flush(self) -> None:
+        if self._buffer:
+            data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
+            self._buffer.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(len(b) for b in self._buffer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def http_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol (httptools when installed, else h11) with coalesced writes."""
+    base: type[Any]
+    if importlib.util.find_spec("httptools") is not None:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base = HttpToolsProtocol
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base = H11Protocol
+
+    class _Coalescing(base):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            # no isinstance check: uvloop's transports do not subclass asyncio.Transport
+            wrapped = _CoalescingTransport(cast(asyncio.Transport, transport))
+            super().connection_made(cast(asyncio.Transport, wrapped))
+
+    return cast(type[asyncio.Protocol], _Coalescing)
+
+
+def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> Any:
+    """A ``uvicorn.Config`` for ``app`` with the gateway's defaults (``options`` override them)."""
+    import uvicorn
+
+    settings: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "lifespan": "on",
+        "http": http_protocol(),
+        "server_header": False,
+        "date_header": False,
+        "proxy_headers": False,
+    }
+    settings.update(options)
+    return uvicorn.Config(app, host=host, port=port, **settings)
 
 
 @asynccontextmanager
@@ -26,10 +120,7 @@ async def running_gateway(
     """
     import uvicorn
 
-    options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "on"}
-    options.update(uvicorn_options)
-    config = uvicorn.Config(app, host=host, port=port, **options)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, host, port, **uvicorn_options))
     task = asyncio.create_task(server.serve(), name=f"gateway-{host}:{port}")
     try:
         while not server.started:

@@ -1,0 +1,116 @@
+"""The raw ASGI pieces of the gateway's hot path: route matching, call context, body in, JSON out.
+
+Every model call an agent makes crosses the gateway, so its per-request CPU is the gateway's cost.
+Through FastAPI a call walks a dozen middleware layers, regex-matches up to 16 routes and builds a
+``Request``; measured under load, that was about a third of the gateway's CPU per call. The
+model-call routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and their
+``/rollouts/...`` variants) are therefore matched here by splitting the path once, and answered
+straight through ``send``; everything else still goes to FastAPI (the same trick as the store
+server's ``_StoreRoutes``).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Literal
+
+from starlette.types import Receive, Scope, Send
+
+from lightning_rl.gateway.recording import CallContext
+
+__all__ = ["CallKind", "match_call", "scope_context", "read_body", "send_json", "bearer_ok", "CALL_PATHS"]
+
+CallKind = Literal["chat", "completions", "responses"]
+
+CALL_PATHS: dict[str, CallKind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+}
+"""The model-call routes, as served without a rollout prefix."""
+
+_TAILS: dict[str, CallKind] = {path.removeprefix("/v1/"): kind for path, kind in CALL_PATHS.items()}
+_JSON_HEADER = (b"content-type", b"application/json")
+
+
+def match_call(path: str) -> tuple[CallKind, str | None, str | None, str | None] | None:
+    """``(kind, rollout_id, attempt_id, role)`` when ``path`` is a model-call route, else ``None``.
+
+    Accepts exactly the paths FastAPI routes for them: ``[/rollouts/R[/attempts/A[/roles/ROLE]]]/v1/<api>``,
+    every segment non-empty.
+    """
+    head, sep, tail = path.rpartition("/v1/")
+    if not sep:
+        return None
+    kind = _TAILS.get(tail)
+    if kind is None:
+        return None
+    if not head:
+        return kind, None, None, None
+    parts = head.split("/")
+    n = len(parts)
+    if n not in (3, 5, 7) or parts[0] or parts[1] != "rollouts" or not parts[2]:
+        return None
+    attempt = role = None
+    if n >= 5:
+        if parts[3] != "attempts" or not parts[4]:
+            return None
+        attempt = parts[4]
+    if n == 7:
+        if parts[5] != "roles" or not parts[6]:
+            return None
+        role = parts[6]
+    return kind, parts[2], attempt, role
+
+
+def scope_context(scope: Scope, rollout: str | None, attempt: str | None, role: str | None) -> CallContext:
+    """The call's context: path segments first, ``X-Lightning-*`` headers for what the path lacks."""
+    if rollout is None or attempt is None or role is None:
+        h_rollout = h_attempt = h_role = None
+        for key, value in scope["headers"]:
+            if key.startswith(b"x-lightning-"):
+                if key == b"x-lightning-rollout" and h_rollout is None:
+                    h_rollout = value.decode("latin-1")
+                elif key == b"x-lightning-attempt" and h_attempt is None:
+                    h_attempt = value.decode("latin-1")
+                elif key == b"x-lightning-role" and h_role is None:
+                    h_role = value.decode("latin-1")
+        rollout = rollout or h_rollout or None
+        attempt = attempt or h_attempt or None
+        role = role or h_role or None
+    return CallContext(rollout, attempt, role)
+
+
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole request body; ``None`` when the client left before sending it."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        return None
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    chunks = [body]
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def send_json(send: Send, status: int, body: bytes) -> None:
+    """Answer with a JSON body of known length (no chunked encoding)."""
+    headers = [_JSON_HEADER, (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def bearer_ok(scope: Scope, expected: bytes) -> bool:
+    """Whether the request carries ``Authorization: <expected>`` (compared in constant time)."""
+    given = b""
+    for key, value in scope["headers"]:
+        if key == b"authorization":
+            given = value
+            break
+    return hmac.compare_digest(given, expected)
