@@ -7,18 +7,23 @@ Setup, three kinds of processes so none steals the others' event loop:
 * the gateway in upstream mode in a second process, recording every call as an ``llm.call`` span
   (rollout URL, in-process ``MemoryStore`` behind the ``SpanWriter``), served by uvicorn exactly as
   ``lightning-rl gateway serve`` serves it;
-* this process as the client: ``--clients`` concurrent workers on one ``httpx.AsyncClient`` (what
-  the OpenAI SDK uses) with as many keep-alive connections as workers, for both paths.
+* this process as the client: ``--clients`` concurrent workers, each on its own keep-alive
+  connection, for every path. ``--client httpx`` (default) shares one ``httpx.AsyncClient`` (what
+  the OpenAI SDK uses; it costs 0.5-2 ms of client CPU per request, so with many workers the client
+  process is the bottleneck, as it is for a runner with many agents); ``--client raw`` writes
+  HTTP/1.1 by hand (~0.03 ms per request), which leaves the servers as the bottleneck.
 
 For each client count, a run sends ``--requests`` chat completions to the upstream directly, then
-the same number through the gateway (runs alternate, so a burst of outside load hits both paths);
-each run starts with an untimed warm-up that opens every connection on both hops. Reported per
-path: p50/p99 latency and requests/s of the median run, and the CPU time each process spent per
-request (``/proc/<pid>/stat``, summed over all runs; more stable than wall time on a shared
-machine). "added" is gateway minus direct. The 1-minute load average before and after is printed:
-on a shared machine, quote numbers taken at load < 0.5.
+the same number through the gateway on a rollout URL (recorded: the measured path), then through
+the gateway's plain ``/v1`` URL (not recorded: shows what recording costs). Runs alternate, so a
+burst of outside load hits every path; each run starts with an untimed warm-up that opens every
+connection on both hops. Reported per path: p50/p99 latency and requests/s (each the median over
+the runs), and the CPU time each process spent per request (``/proc/<pid>/stat``, summed over all
+runs, warm-up included; more stable than wall time on a shared machine). "added" is the recorded
+gateway path minus direct. The 1-minute load average before and after is printed: on a shared
+machine, quote numbers taken at load < 0.5.
 
-    uv run python benchmarks/gateway_overhead.py [--clients 1,32] [--requests 2000] [--runs 3]
+    uv run python benchmarks/gateway_overhead.py [--clients 1,32] [--requests 2000] [--runs 3] [--client httpx|raw]
 
 Target (issue 3): <= 2 ms added at p50 with 32 clients.
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -62,6 +68,7 @@ def serve_gateway(port: int, upstream: str) -> None:
     import uvicorn
 
     from lightning_rl.gateway import UpstreamBackend, create_gateway_app, uvicorn_config
+    from lightning_rl.gateway.server import freeze_startup_heap, run_server
     from lightning_rl.store import MemoryStore
     from lightning_rl.types import RolloutRequest, Task
 
@@ -72,9 +79,10 @@ def serve_gateway(port: int, upstream: str) -> None:
         app = create_gateway_app(UpstreamBackend(upstream, model="fake-model"), store=store)
         print(f"ATTEMPT {claim.attempt.id}", flush=True)
         server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, log_level="warning"))
+        freeze_startup_heap()  # as the CLI does
         await server.serve()
 
-    asyncio.run(main())
+    run_server(main())  # as `lightning-rl gateway serve` runs it (uvloop when installed)
 
 
 def _free_port() -> int:
@@ -123,7 +131,37 @@ def _load() -> float:
 # --------------------------------------------------------------------------------------------
 
 
-async def measure(url: str, clients: int, requests: int) -> dict[str, float]:
+class RawClient:
+    """One keep-alive HTTP/1.1 connection writing the request by hand (a client that costs ~nothing)."""
+
+    def __init__(self, url: str, body: bytes) -> None:
+        parts = httpx.URL(url)
+        self.host, self.port = parts.host, parts.port or 80
+        head = f"POST {parts.raw_path.decode()} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        self.request = head.encode() + body
+        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self) -> int:
+        if self.conn is None:
+            self.conn = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.conn
+        writer.write(self.request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        await reader.readexactly(length)
+        return status
+
+    async def aclose(self) -> None:
+        if self.conn is not None:
+            self.conn[1].close()
+            await self.conn[1].wait_closed()
+
+
+async def measure(url: str, clients: int, requests: int, client: str = "httpx") -> dict[str, float]:
+    if client == "raw":
+        return await measure_raw(url, clients, requests)
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(limits=limits, timeout=30.0) as http:
@@ -151,11 +189,39 @@ async def measure(url: str, clients: int, requests: int) -> dict[str, float]:
     return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed, "n": len(latencies)}
 
 
-def _run(url: str, clients: int, requests: int, pids: dict[str, int]) -> dict[str, float]:
+async def measure_raw(url: str, clients: int, requests: int) -> dict[str, float]:
+    latencies: list[float] = []
+    body = json.dumps(BODY).encode()
+    conns = [RawClient(url, body) for _ in range(clients)]
+    per_client = max(1, requests // clients)
+
+    async def worker(conn: RawClient, n: int, timed: bool) -> None:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            status = await conn.post()
+            if timed:
+                latencies.append(time.perf_counter() - t0)
+            if status != 200:
+                raise RuntimeError(f"{url}: HTTP {status}")
+
+    try:
+        await asyncio.gather(*(worker(c, WARMUP_PER_CLIENT, False) for c in conns))
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(c, per_client, True) for c in conns))
+        elapsed = time.perf_counter() - start
+    finally:
+        for c in conns:
+            await c.aclose()
+    latencies.sort()
+    q = statistics.quantiles(latencies, n=100)
+    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed, "n": len(latencies)}
+
+
+def _run(url: str, clients: int, requests: int, pids: dict[str, int], client: str) -> dict[str, float]:
     """One measured run, with the CPU seconds each process spent during it (warm-up included)."""
     before = {name: _cpu_s(pid) for name, pid in pids.items()}
     client_before = time.process_time()
-    result = asyncio.run(measure(url, clients, requests))
+    result = asyncio.run(measure(url, clients, requests, client))
     result["cpu_client"] = time.process_time() - client_before
     for name, pid in pids.items():
         result[f"cpu_{name}"] = _cpu_s(pid) - before[name]
@@ -171,11 +237,13 @@ def _report(clients: int, requests: int, results: dict[str, list[dict[str, float
         runs = results[name]
         return 1e3 * sum(r[f"cpu_{proc}"] for r in runs) / sum(r["n_total"] for r in runs)
 
-    print(f"\n### {clients} client(s), {requests} requests/run, {len(results['direct'])} runs (median run)")
+    paths = list(results)
+
+    print(f"\n### {clients} client(s), {requests} requests/run, {len(results['direct'])} runs (medians over runs)")
     print("| path | p50 ms | p99 ms | requests/s | gateway CPU ms/req | upstream CPU ms/req | client CPU ms/req |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in ("direct", "gateway"):
-        gw_cpu = f"{cpu_ms(name, 'gateway'):.3f}" if name == "gateway" else "-"
+    for name in paths:
+        gw_cpu = f"{cpu_ms(name, 'gateway'):.3f}" if name != "direct" else "-"
         print(
             f"| {name} | {median(name, 'p50_ms'):.2f} | {median(name, 'p99_ms'):.2f} | {median(name, 'rps'):.0f} "
             f"| {gw_cpu} | {cpu_ms(name, 'upstream'):.3f} | {cpu_ms(name, 'client'):.3f} |"
@@ -183,7 +251,7 @@ def _report(clients: int, requests: int, results: dict[str, list[dict[str, float
     added50 = median("gateway", "p50_ms") - median("direct", "p50_ms")
     added99 = median("gateway", "p99_ms") - median("direct", "p99_ms")
     print(f"| **added by the gateway** | **{added50:.2f}** | {added99:.2f} | | | | |")
-    for name in ("direct", "gateway"):
+    for name in paths:
         runs = ", ".join(f"{r['p50_ms']:.2f}" for r in results[name])
         print(f"{name} p50 per run: {runs}")
 
@@ -193,6 +261,7 @@ def main() -> None:
     parser.add_argument("--clients", default="1,32", help="Comma-separated concurrent client counts.")
     parser.add_argument("--requests", type=int, default=2000, help="Requests per run (split over the clients).")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--client", choices=("httpx", "raw"), default="httpx", help="The client library (see above).")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-gateway", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -216,17 +285,21 @@ def main() -> None:
         gateway = f"http://127.0.0.1:{gw_port}"
         _wait_ready(f"{gateway}/health")
         pids = {"upstream": procs[0].pid, "gateway": procs[1].pid}
-        direct_url = f"{upstream}/v1/chat/completions"
-        gateway_url = f"{gateway}/rollouts/bench/attempts/{attempt}/v1/chat/completions"
+        urls = {
+            "direct": f"{upstream}/v1/chat/completions",
+            "gateway": f"{gateway}/rollouts/bench/attempts/{attempt}/v1/chat/completions",
+            "gateway, not recorded": f"{gateway}/v1/chat/completions",
+        }
         print(
-            f"cpus={os.cpu_count()} python={sys.version.split()[0]} load(1 min) before={load_before:.2f}",
+            f"cpus={os.cpu_count()} python={sys.version.split()[0]} client={args.client} "
+            f"load(1 min) before={load_before:.2f}",
             flush=True,
         )
         for clients in client_counts:
-            results: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
+            results: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
             for _ in range(args.runs):
-                results["direct"].append(_run(direct_url, clients, args.requests, pids))
-                results["gateway"].append(_run(gateway_url, clients, args.requests, pids))
+                for name, url in urls.items():
+                    results[name].append(_run(url, clients, args.requests, pids, args.client))
             _report(clients, args.requests, results)
         metrics = httpx.get(f"{gateway}/metrics?format=json").json()
     finally:

@@ -59,7 +59,9 @@ def _serve(args: argparse.Namespace) -> int:
             f"refusing to serve the gateway on {args.host} without a token: anyone who can reach it could use the "
             f"model and write spans into your rollouts. Pass --token SECRET (or set {TOKEN_ENV}), or bind 127.0.0.1."
         )
-    asyncio.run(_run(args, token))
+    from lightning_rl.gateway.server import run_server
+
+    run_server(_run(args, token))
     return 0
 
 
@@ -89,7 +91,7 @@ async def _run(args: argparse.Namespace, token: str | None) -> None:
 
     from lightning_rl.gateway.app import GatewayConfig, create_gateway_app
     from lightning_rl.gateway.backends import EngineBackend, GatewayBackend, UpstreamBackend
-    from lightning_rl.gateway.server import uvicorn_config
+    from lightning_rl.gateway.server import freeze_startup_heap, uvicorn_config
 
     store = None
     if args.store:
@@ -105,6 +107,7 @@ async def _run(args: argparse.Namespace, token: str | None) -> None:
     config = GatewayConfig(max_n=args.max_n, max_tokens_limit=args.max_tokens)
     app = create_gateway_app(backend, store=store, token=token, config=config)
     server = uvicorn.Server(uvicorn_config(app, args.host, args.port, log_level="info"))
+    freeze_startup_heap()
     try:
         await server.serve()
     finally:

@@ -19,7 +19,6 @@ JSON bytes of a 200, or a ``Response`` (errors, streams).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
@@ -44,7 +43,9 @@ from lightning_rl.gateway.protocol import (
     CompletionRequest,
     GatewayHTTPError,
     ResponsesRequest,
+    dumpb,
     error_response,
+    loads,
     new_call_id,
     validation_message,
 )
@@ -114,17 +115,12 @@ def _context(request: Request) -> CallContext:
 
 def _body(raw: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
+        data = loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise GatewayHTTPError(400, f"the request body is not valid JSON ({exc}); send a JSON object.") from exc
     if not isinstance(data, dict):
         raise GatewayHTTPError(400, "the request body must be a JSON object.")
     return data
-
-
-def _json(payload: dict[str, Any]) -> bytes:
-    """A 200 body, serialised as Starlette's ``JSONResponse`` would (compact, UTF-8, no NaN)."""
-    return json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _validate(model: type[_M], body: dict[str, Any]) -> _M:
@@ -315,7 +311,7 @@ class _Gateway:
                 self.in_flight -= 1
             info = self._info("chat.completions", "chat", req.model, rid, False, start_ns, spec, req.messages)
             self.recorder.record(ctx, info, result)
-            return _json(fmt.chat_response(rid, created, model, result, want_lp))
+            return dumpb(fmt.chat_response(rid, created, model, result, want_lp))
         except Exception as exc:
             return self._error(exc)
 
@@ -394,7 +390,7 @@ class _Gateway:
             for spec, result in zip(specs, results, strict=True):
                 info = self._info("completions", "text_completion", req.model, rid, False, start_ns, spec, spec.prompt)
                 self.recorder.record(ctx, info, result)
-            return _json(fmt.completion_response(rid, created, model, list(results), n, want_lp))
+            return dumpb(fmt.completion_response(rid, created, model, list(results), n, want_lp))
         except Exception as exc:
             return self._error(exc)
 
@@ -456,7 +452,7 @@ class _Gateway:
             info = self._info("responses", "chat", req.model, rid, False, start_ns, spec, messages)
             self.recorder.record(ctx, info, result)
             message_id = "msg_" + rid.removeprefix("resp_")[:24]
-            return _json(fmt.response_object(rid, created, model, req, result, message_id=message_id))
+            return dumpb(fmt.response_object(rid, created, model, req, result, message_id=message_id))
         except Exception as exc:
             return self._error(exc)
 

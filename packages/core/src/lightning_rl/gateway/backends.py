@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -25,7 +24,7 @@ import httpx
 from lightning_rl.engine.base import InferenceEngine, ParsedToolCall, SamplingParams, StreamDelta
 from lightning_rl.errors import InvalidRequestError
 from lightning_rl.gateway._http import LeanHTTPClient
-from lightning_rl.gateway.protocol import GatewayHTTPError
+from lightning_rl.gateway.protocol import GatewayHTTPError, dumpb, loads
 
 __all__ = [
     "CallSpec",
@@ -462,7 +461,7 @@ class UpstreamBackend:
             if not isinstance(body.get("logprobs"), int):
                 body["logprobs"] = 0  # the sampled token's logprob only
             path = "/v1/completions"
-        return path, json.dumps(body, separators=(",", ":")).encode()
+        return path, dumpb(body)
 
     def _unavailable(self, exc: Exception) -> GatewayHTTPError:
         return GatewayHTTPError(
@@ -476,7 +475,7 @@ class UpstreamBackend:
     def _upstream_error(status: int, text: str) -> GatewayHTTPError:
         message = text[:2000]
         with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-            message = str(json.loads(text)["error"]["message"])
+            message = str(loads(text)["error"]["message"])
         if status >= 500:
             return GatewayHTTPError(502, f"the upstream model server failed: {message}", type="upstream_error")
         return GatewayHTTPError(status, message)
@@ -494,7 +493,7 @@ class UpstreamBackend:
             raise self._unavailable(exc) from exc
         if status >= 400:
             raise self._upstream_error(status, raw.decode(errors="replace"))
-        data: dict[str, Any] = json.loads(raw)
+        data: dict[str, Any] = loads(raw)
         raw_choices: list[dict[str, Any]] = data.get("choices") or []
         prompt_ids = data.get("prompt_token_ids")
         if prompt_ids is None and raw_choices:
@@ -551,7 +550,7 @@ class UpstreamBackend:
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    chunk: dict[str, Any] = json.loads(payload)
+                    chunk: dict[str, Any] = loads(payload)
                     if prompt_ids is None:
                         prompt_ids = chunk.get("prompt_token_ids")
                     for c in chunk.get("choices") or ():

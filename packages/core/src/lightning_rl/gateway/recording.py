@@ -111,9 +111,8 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
         attrs[sc.MODEL_VERSION] = choice.model_version
         attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [choice.finish_reason]
         attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = len(choice.token_ids) if choice.token_ids is not None else None
-        attrs[sc.TOOL_CALLS] = dumps(
-            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in choice.tool_calls]
-        )
+        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in choice.tool_calls]
+        attrs[sc.TOOL_CALLS] = dumps(calls) if calls else "[]"
         attrs[RESPONSE_TEXT] = choice.text
         if choice.parse_error is not None:
             attrs[sc.TOOL_CALL_PARSE_ERROR] = choice.parse_error
