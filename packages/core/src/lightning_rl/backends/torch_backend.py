@@ -292,17 +292,19 @@ class TorchBackend:
         batch_size: int,
         warmup_steps: int = 0,
         final_lr_fraction: float = 1.0,
+        lr: float | None = None,
     ) -> list[float]:
         """Supervised warm-start on (prompt ids, response ids) pairs; returns the loss per step.
 
-        The learning rate warms up linearly for ``warmup_steps``, then follows a cosine down to
-        ``final_lr_fraction`` of the configured rate (1.0 keeps it constant)."""
+        The learning rate (``lr``, default the configured one) warms up linearly for ``warmup_steps``,
+        then follows a cosine down to ``final_lr_fraction`` of it (1.0 keeps it constant). Calls
+        share the optimizer state, so a later phase continues smoothly from an earlier one."""
         if not examples:
             raise ValueError("sft() needs at least one example.")
         rng = random.Random(self.config.seed)
         losses: list[float] = []
         self.model.train()
-        base_lr = self.config.lr
+        base_lr = self.config.lr if lr is None else lr
         for step in range(steps):
             if step < warmup_steps:
                 lr = base_lr * (step + 1) / warmup_steps
@@ -327,7 +329,7 @@ class TorchBackend:
             self._clip_and_step()
             losses.append(total)
         for group in self.optimizer.param_groups:
-            group["lr"] = base_lr
+            group["lr"] = self.config.lr
         return losses
 
     # --- weights ------------------------------------------------------------------------------

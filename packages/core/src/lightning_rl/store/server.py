@@ -23,11 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import importlib.util
 import logging
 import signal
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
-from typing import Any, cast
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -36,8 +35,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from lightning_rl._serving import http_protocol
 from lightning_rl.errors import InvalidRequestError, LightningError, http_status
 from lightning_rl.store import otlp
 from lightning_rl.store.base import LightningStore
@@ -456,65 +455,6 @@ async def _expire_forever(store: LightningStore, interval_s: float) -> None:
             logger.exception("store server: periodic expire() failed")
 
 
-class _CoalescingTransport:
-    """Wraps a transport so the writes of one event-loop step leave in one ``send``.
-
-    uvicorn's h11 protocol writes a response's headers and body separately: two system calls and,
-    worse, two wake-ups of the client, which reads the headers and then waits again for the body.
-    Buffering until the end of the current loop step merges them (and costs one ``call_soon``).
-    """
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._buffer: list[bytes] = []
-        self._loop = asyncio.get_running_loop()
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not data:
-            return
-        if not self._buffer:
-            self._loop.call_soon(self._flush)
-        self._buffer.append(bytes(data))
-
-    def _flush(self) -> None:
-        if self._buffer:
-            data = b"".join(self._buffer)
-            self._buffer.clear()
-            if not self._transport.is_closing():
-                self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(len(b) for b in self._buffer)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-class _CoalescingH11Protocol(H11Protocol):
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        super().connection_made(cast(asyncio.Transport, _CoalescingTransport(transport)))  # duck-typed wrapper
-
-
-def _http_protocol() -> type[asyncio.Protocol]:
-    """uvicorn's HTTP/1.1 protocol with coalesced writes: httptools (a C parser, several times
-    cheaper per request) when installed, else the pure-Python h11."""
-    if importlib.util.find_spec("httptools") is None:
-        return _CoalescingH11Protocol
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    class _CoalescingHttpToolsProtocol(HttpToolsProtocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            assert isinstance(transport, asyncio.Transport)
-            super().connection_made(cast(asyncio.Transport, _CoalescingTransport(transport)))
-
-    return _CoalescingHttpToolsProtocol
-
-
 class _QuietServer(uvicorn.Server):
     """A uvicorn server that leaves signal handling to its host (a test, an app, or ``serve_store``)."""
 
@@ -539,7 +479,7 @@ async def _started(
         server_header=False,
         date_header=False,
         proxy_headers=False,
-        http=_http_protocol(),
+        http=http_protocol(),
     )
     server = _QuietServer(config)
     task = asyncio.create_task(server.serve())
