@@ -137,7 +137,16 @@ async def test_token_is_required_when_set(engine: TransformersEngine, sent: str 
         assert r.status_code == 401 and "Bearer" in r.json()["error"]["message"]
         r = await http.post(f"{url}/admin/weights", json={"version": 1}, headers=headers)
         assert r.status_code == 401
+        # the model-call routes are served by the gateway's own fast path: it must check the token too
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for path in ("/v1/chat/completions", "/rollouts/r1/attempts/a1/v1/chat/completions"):
+            r = await http.post(f"{url}{path}", json=body, headers=headers)
+            assert r.status_code == 401, path
+        r = await http.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, headers=headers)
+        assert r.status_code == 401
         ok = await http.get(f"{url}/v1/models", headers={"authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        ok = await http.post(f"{url}/v1/chat/completions", json=body, headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200
 
 
