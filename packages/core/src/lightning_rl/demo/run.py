@@ -49,7 +49,7 @@ class DemoConfig:
     """Phase 2: steps on a sloppy demonstrator's data, who answers from memory most of the time."""
     habit_tool_rate: float = 0.3
     """How often the sloppy demonstrator uses its tool."""
-    sft_batch_size: int = 16
+    sft_batch_size: int = 32
     sft_lr: float = 3e-3
     habit_lr: float = 1e-3
     rl_lr: float = 1e-3

@@ -1,0 +1,76 @@
+"""The demo's task, tool and reward functions, and a smoke run of the whole demo pipeline (small settings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lightning_rl.demo.calculator import calculator, demonstrations, make_tasks, score_answer
+from lightning_rl.engine.toolcalls import parse_tool_calls
+
+
+def test_calculator_applies_the_chosen_operation_and_rejects_others() -> None:
+    assert calculator("add", 7, 5) == "12"
+    assert calculator("subtract", 7, 9) == "-2"
+    assert calculator("multiply", 7, 5) == "35"
+    with pytest.raises(ValueError, match="unknown operation"):
+        calculator("divide", 7, 5)
+
+
+def test_score_answer_reads_the_last_integer() -> None:
+    assert score_answer("The answer is 42.", 42) == 1.0
+    assert score_answer("I think it is -3.", -3) == 1.0
+    assert score_answer("7 times 6 is 41", 42) == 0.0
+    assert score_answer(None, 1) == 0.0
+
+
+def test_tasks_are_distinct_deterministic_and_bounded() -> None:
+    a, b = make_tasks(50, seed=3), make_tasks(50, seed=3)
+    assert [t.id for t in a] == [t.id for t in b] and len({t.id for t in a}) == 50
+    for t in a:
+        assert t.input["answer"] == int(calculator(t.input["operation"], t.input["a"], t.input["b"]))
+    with pytest.raises(ValueError, match="distinct questions"):
+        make_tasks(10_000, seed=0)
+
+
+def test_demonstrations_parse_as_tool_calls_and_mix_as_asked() -> None:
+    tasks = make_tasks(200, seed=0)
+    expert = demonstrations(tasks, tool_rate=1.0, seed=0)
+    assert len(expert) == 400  # a tool call and a final answer per task
+    call = parse_tool_calls(expert[0].completion)
+    assert call.parse_error is None and json.loads(call.tool_calls[0].arguments) == {
+        "operation": tasks[0].input["operation"]
+    }
+    assert score_answer(expert[1].completion, tasks[0].input["answer"]) == 1.0
+    sloppy = demonstrations(tasks, tool_rate=0.3, seed=0)
+    from_memory = [d for d in sloppy if d.completion.startswith("I think")]
+    assert 0.6 < len(from_memory) / len(tasks) < 0.8
+    for i, task in enumerate(tasks[:20]):  # answers from memory are always wrong
+        (guess,) = demonstrations([task], tool_rate=0.0, seed=i)
+        assert guess.completion.startswith("I think") and score_answer(guess.completion, task.input["answer"]) == 0.0
+
+
+def test_demo_pipeline_runs_end_to_end_with_small_settings(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from lightning_rl.demo.run import DemoConfig, run_demo
+
+    cfg = DemoConfig(
+        run_dir=str(tmp_path / "demo"),
+        steps=1,
+        batch_size=2,
+        group_size=2,
+        n_train=12,
+        n_val=4,
+        expert_steps=4,
+        polish_steps=2,
+        habit_steps=2,
+        sft_batch_size=4,
+        val_every=0,
+        progress=False,
+    )
+    result = run_demo(cfg)
+    assert result.val_base is not None and result.val_trained is not None
+    assert (tmp_path / "demo" / "warm_start" / "config.json").exists()
+    assert (tmp_path / "demo" / "metrics.jsonl").read_text().count("train/reward_mean") == 1
