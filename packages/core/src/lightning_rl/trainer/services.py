@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from lightning_rl.agent import AgentFn
+from lightning_rl.backends.publish import engine_publisher
 from lightning_rl.backends.torch_backend import TorchBackend
 from lightning_rl.store.base import LightningStore
 from lightning_rl.trainer.config import TrainerConfig
@@ -74,14 +75,11 @@ async def start_services(config: TrainerConfig, agent: AgentFn) -> AsyncGenerato
     )
     policy = AutoModelForCausalLM.from_pretrained(model_path)
 
-    async def publish(state: Mapping[str, torch.Tensor], version: int) -> None:
-        await engine.load_weights(state, version)
-
     backend = TorchBackend(
         policy,
         config.backend,
         pad_token_id=int(engine.tokenizer.pad_token_id or 0),
-        publisher=publish,
+        publisher=engine_publisher(engine),
         version=engine.version,
     )
     app = create_gateway_app(engine, store=store)
