@@ -454,6 +454,8 @@ def _split_head(model: Any) -> tuple[Any, Any] | None:
 
     Models that scale or soft-cap their logits inside ``forward`` (``logit_scale``, final soft-capping)
     are run whole instead, so the logprobs match what the engine samples from."""
+    if hasattr(model, "get_base_model"):  # a peft wrapper: its LoRA layers live inside the base model's modules
+        model = model.get_base_model()
     config = getattr(model, "config", None)
     if config is None or getattr(config, "final_logit_softcapping", None) or getattr(model, "logit_scale", None):
         return None
