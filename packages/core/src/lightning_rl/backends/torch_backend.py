@@ -198,11 +198,14 @@ class TorchBackend:
 
     def logprobs(self, transitions: Sequence[Transition]) -> list[list[float]]:
         """This model's logprobs of each transition's response (no gradient), for checks and parity tests."""
+        return self._logprobs_of(self.model, transitions)
+
+    def _logprobs_of(self, model: torch.nn.Module, transitions: Sequence[Transition]) -> list[list[float]]:
         seqs = [(t.prompt_ids, t.response_ids) for t in transitions]
         out: list[list[float]] = [[] for _ in transitions]
         with torch.no_grad():
             for mb in pack_micro_batches(seqs, self.config.micro_batch_tokens, self.pad_token_id):
-                flat = self._response_logprobs(self.model, mb).cpu().tolist()
+                flat = self._response_logprobs(model, mb).cpu().tolist()
                 offset = 0
                 for i, r in zip(mb.indices, mb.response_lens, strict=True):
                     out[i] = flat[offset : offset + r]
@@ -377,18 +380,7 @@ class TorchBackend:
 
     # --- internals ----------------------------------------------------------------------------
     def _reference_logprobs(self, transitions: Sequence[Transition]) -> list[list[float]] | None:
-        if self.reference is None:
-            return None
-        seqs = [(t.prompt_ids, t.response_ids) for t in transitions]
-        out: list[list[float]] = [[] for _ in transitions]
-        with torch.no_grad():
-            for mb in pack_micro_batches(seqs, self.config.micro_batch_tokens, self.pad_token_id):
-                flat = self._response_logprobs(self.reference, mb).cpu().tolist()
-                offset = 0
-                for i, r in zip(mb.indices, mb.response_lens, strict=True):
-                    out[i] = flat[offset : offset + r]
-                    offset += r
-        return out
+        return None if self.reference is None else self._logprobs_of(self.reference, transitions)
 
     def _clip_and_step(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]

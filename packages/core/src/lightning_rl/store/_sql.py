@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
-from lightning_rl.store.base import attempt_deadline, attempt_outcome, check_batch, same_request
+from lightning_rl.store.base import attempt_deadline, attempt_outcome, check_batch, same_request, set_rollout_status
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
     Attempt,
@@ -319,15 +319,6 @@ def open_attempt(rollout: Rollout, worker_id: str, t: float) -> Attempt:
     )
 
 
-def _set_rollout(rollout: Rollout, status: RolloutStatus, error: str | None, t: float) -> None:
-    check_rollout_transition(rollout.id, rollout.status, status)
-    rollout.status = status
-    rollout.updated_at = t
-    rollout.error = error
-    if status in TERMINAL_ROLLOUT:
-        rollout.ended_at = t
-
-
 def end_attempt(
     rollout: Rollout,
     attempt: Attempt,
@@ -343,7 +334,7 @@ def end_attempt(
     """
     check_attempt_transition(attempt.id, attempt.status, status)
     outcome = attempt_outcome(rollout, status, reason, error)
-    _set_rollout(rollout, outcome.rollout_status, outcome.error, t)
+    set_rollout_status(rollout, outcome.rollout_status, outcome.error, t)
     attempt.status = status
     attempt.ended_at = t
     attempt.error = error
@@ -360,5 +351,5 @@ def cancel_rollout(rollout: Rollout, running: Attempt | None, t: float) -> bool:
     if running is not None:
         end_attempt(rollout, running, AttemptStatus.CANCELLED, None, "cancelled", None, t)
     else:
-        _set_rollout(rollout, RolloutStatus.CANCELLED, "cancelled", t)
+        set_rollout_status(rollout, RolloutStatus.CANCELLED, "cancelled", t)
     return True

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from lightning_rl.errors import InvalidRequestError
 from lightning_rl.types import (
+    TERMINAL_ROLLOUT,
     Attempt,
     AttemptStatus,
     Claim,
@@ -26,6 +27,7 @@ from lightning_rl.types import (
     RolloutStatus,
     Span,
     StoreStats,
+    check_rollout_transition,
 )
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "expiry_reason",
     "now",
     "same_request",
+    "set_rollout_status",
     "MAX_BATCH",
     "MAX_PAGE",
     "check_batch",
@@ -209,6 +212,16 @@ def expiry_reason(config: RolloutConfig, attempt: Attempt, now: float) -> tuple[
         return "timed_out", f"attempt ran past the rollout timeout of {config.timeout_s:g} s"
     hb = config.heartbeat_timeout_s or 0.0
     return "heartbeat", f"worker {attempt.worker_id} sent no heartbeat for {hb:g} s (worker lost?)"
+
+
+def set_rollout_status(rollout: Rollout, status: RolloutStatus, error: str | None, t: float) -> None:
+    """Apply a checked status change to ``rollout`` (``ended_at`` is set when it ends)."""
+    check_rollout_transition(rollout.id, rollout.status, status)
+    rollout.status = status
+    rollout.updated_at = t
+    rollout.error = error
+    if status in TERMINAL_ROLLOUT:
+        rollout.ended_at = t
 
 
 def same_request(stored: Rollout, request: RolloutRequest) -> bool:

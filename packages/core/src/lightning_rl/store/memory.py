@@ -18,6 +18,7 @@ from lightning_rl.store.base import (
     check_page,
     expiry_reason,
     same_request,
+    set_rollout_status,
 )
 from lightning_rl.store.base import now as wall_clock
 from lightning_rl.types import (
@@ -160,7 +161,7 @@ class MemoryStore:
                     if running is not None:
                         self._end_attempt(running, AttemptStatus.CANCELLED, None, "cancelled", None)
                     else:
-                        self._set_rollout(rollout, RolloutStatus.CANCELLED, "cancelled")
+                        set_rollout_status(rollout, RolloutStatus.CANCELLED, "cancelled", wall_clock())
                 out.append(rollout.model_copy(deep=True))
             self._changed.notify_all()
             return out
@@ -356,15 +357,6 @@ class MemoryStore:
                 "which does not exist; spans must belong to a claimed attempt."
             )
 
-    def _set_rollout(self, rollout: Rollout, status: RolloutStatus, error: str | None) -> None:
-        check_rollout_transition(rollout.id, rollout.status, status)
-        t = wall_clock()
-        rollout.status = status
-        rollout.updated_at = t
-        rollout.error = error
-        if status in TERMINAL_ROLLOUT:
-            rollout.ended_at = t
-
     def _end_attempt(
         self,
         attempt: Attempt,
@@ -376,7 +368,7 @@ class MemoryStore:
         check_attempt_transition(attempt.id, attempt.status, status)
         rollout = self._rollouts[attempt.rollout_id]
         outcome = attempt_outcome(rollout, status, reason, error)
-        self._set_rollout(rollout, outcome.rollout_status, outcome.error)
+        set_rollout_status(rollout, outcome.rollout_status, outcome.error, wall_clock())
         self._running.discard(attempt.id)
         if outcome.rollout_status is RolloutStatus.REQUEUED:
             heapq.heappush(self._waiting, (rollout.seq, rollout.id))
