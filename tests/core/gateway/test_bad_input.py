@@ -170,3 +170,18 @@ async def test_limits_config_is_respected_for_responses(engine: TransformersEngi
     async with running_gateway(app) as url, httpx.AsyncClient(timeout=30) as http:
         r = await http.post(f"{url}/v1/responses", json={"input": "hi", "max_output_tokens": 1000})
         assert_openai_error(r, 400, "max_output_tokens")
+
+
+async def test_any_model_name_is_served_inside_a_rollout(gateway: Gateway, engine: TransformersEngine) -> None:
+    """A framework configured with another model name runs unchanged during training."""
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with httpx.AsyncClient(timeout=60) as http:
+        by_url = await http.post(f"{gateway.url}/rollouts/ro-1/attempts/at-1/v1/chat/completions", json=body)
+        by_header = await http.post(
+            f"{gateway.v1}/chat/completions",
+            json=body,
+            headers={"X-Lightning-Rollout": "ro-1", "X-Lightning-Attempt": "at-1"},
+        )
+    for r in (by_url, by_header):
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == engine.model_name

@@ -23,14 +23,34 @@ from lightning_rl import semconv
 from lightning_rl.roles import RoleSelector, RoleSpec
 from lightning_rl.types import Rollout, Span, Transition
 
-__all__ = ["Signal", "AIRPolicy", "AdaptedAttempt", "adapt_attempt", "final_reward"]
+__all__ = ["Signal", "AIRPolicy", "air_policy", "AdaptedAttempt", "adapt_attempt", "final_reward"]
 
 log = logging.getLogger(__name__)
 
 AIRPolicy = Mapping[str, float | Callable[["Signal"], float]]
 """Signal name -> intermediate reward: a constant weight times the signal's value (tool events have
 value 1, so ``{"tool_error": -0.1}`` costs 0.1 per failed tool call) or a function of the signal
-(``{"sql_rows": lambda s: 0.1 * min(s.value, 1)}``). Signals the policy does not name contribute nothing."""
+(``{"sql_rows": lambda s: 0.1 * min(s.value, 1)}``). A key ``"tool_error:<tool name>"`` overrides
+``"tool_error"`` for that tool. Signals the policy does not name contribute nothing."""
+
+
+def air_policy(
+    *,
+    tool_error: float = -0.1,
+    tool_success: float = 0.0,
+    per_tool: Mapping[str, float] | None = None,
+    **signals: float | Callable[[Signal], float],
+) -> dict[str, float | Callable[[Signal], float]]:
+    """Build an AIR policy: a reward per failed / successful tool call plus any custom signals.
+
+    ``per_tool`` gives a tool its own error reward (``{"execute_sql": -0.2}``); extra keyword
+    arguments weigh signals emitted with ``emit_signal(name, value)``.
+    """
+    policy: dict[str, float | Callable[[Signal], float]] = {"tool_error": tool_error, "tool_success": tool_success}
+    for tool, weight in (per_tool or {}).items():
+        policy[f"tool_error:{tool}"] = weight
+    policy.update(signals)
+    return policy
 
 
 @dataclass(frozen=True)
@@ -43,6 +63,7 @@ class Signal:
     role: str | None
     order: int
     span_id: str
+    tool: str | None = None
 
 
 @dataclass
@@ -88,13 +109,14 @@ def _signals(spans: Sequence[Span]) -> list[Signal]:
         attrs = span.attributes
         call_id = attrs.get(semconv.GEN_AI_TOOL_CALL_ID)
         role = attrs.get(semconv.ROLE)
+        tool = attrs.get(semconv.GEN_AI_TOOL_NAME)
         if span.name == semconv.SPAN_SIGNAL and semconv.SIGNAL_NAME in attrs:
             value = float(attrs.get(semconv.SIGNAL_VALUE, 1.0))
-            out.append(Signal(str(attrs[semconv.SIGNAL_NAME]), value, call_id, role, order, span.span_id))
+            out.append(Signal(str(attrs[semconv.SIGNAL_NAME]), value, call_id, role, order, span.span_id, tool))
         elif span.name == semconv.SPAN_TOOL:
             failed = span.status.code == "error" or attrs.get(semconv.TOOL_STATUS) == "error"
             name = "tool_error" if failed else "tool_success"
-            out.append(Signal(name, 1.0, call_id, role, order, span.span_id))
+            out.append(Signal(name, 1.0, call_id, role, order, span.span_id, tool))
     return out
 
 
@@ -109,15 +131,23 @@ def adapt_attempt(
     """Turn one attempt's spans into transitions (``reward`` = the AIR reward attached to each).
 
     ``spans`` must be the attempt's spans in store order; other attempts' spans are ignored.
+    ``trainable=None`` keeps each role as a plugin declared it (``lightning.trainable`` on its role
+    spans) and every undeclared role; any other value decides alone.
     """
-    selector = RoleSelector.of(trainable)
+    selector = None if trainable is None else RoleSelector.of(trainable)
     own = sorted((s for s in spans if s.attempt_id == attempt_id), key=lambda s: s.seq)
     role_by_response: dict[str, str] = {}
+    declared: dict[str, bool] = {}
     for span in own:
+        if span.name == semconv.SPAN_LLM_CALL:
+            continue
         rid = span.attributes.get(semconv.GEN_AI_RESPONSE_ID)
         role = span.attributes.get(semconv.ROLE)
-        if span.name != semconv.SPAN_LLM_CALL and rid and role:
+        if rid and role:
             role_by_response[str(rid)] = str(role)
+        flag = span.attributes.get(semconv.TRAINABLE)
+        if role and isinstance(flag, bool):
+            declared[str(role)] = flag
 
     calls = sorted((s for s in own if s.name == semconv.SPAN_LLM_CALL), key=lambda s: (s.start_ns, s.seq))
     transitions: list[Transition] = []
@@ -166,13 +196,18 @@ def adapt_attempt(
         if index is None:
             result.unattached_signals.append(signal)
             continue
-        weight = policy.get(signal.name)
+        weight = policy.get(f"{signal.name}:{signal.tool}") if signal.tool else None
+        if weight is None:
+            weight = policy.get(signal.name)
         if weight is None:
             continue
         reward = weight(signal) if callable(weight) else weight * signal.value
         transitions[index].reward += float(reward)
 
-    kept = [t for t in transitions if selector(t.role)]
+    if selector is None:
+        kept = [t for t in transitions if t.role is None or declared.get(t.role, True)]
+    else:
+        kept = [t for t in transitions if selector(t.role)]
     result.n_untrainable = len(transitions) - len(kept)
     for i, t in enumerate(kept):
         t.step_index = i

@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "lightning_rl.gateway._cli",
     "lightning_rl.runner._cli",
     "lightning_rl.trainer._cli",
+    "lightning_rl.plugins._cli",
 )
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidRequestError",
     "UnauthorizedError",
     "StoreUnavailableError",
+    "IncompatibleFrameworkError",
     "http_status",
     "error_from_status",
 ]
@@ -47,6 +48,10 @@ class UnauthorizedError(LightningError, PermissionError):
 
 class StoreUnavailableError(LightningError, ConnectionError):
     """The store could not be reached after retries; the caller may retry later (HTTP 503)."""
+
+
+class IncompatibleFrameworkError(LightningError, ImportError):
+    """A plugin's agent framework is missing or outside the version range the plugin supports."""
 
 
 _STATUS: dict[type[LightningError], int] = {

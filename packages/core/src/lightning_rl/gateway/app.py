@@ -76,7 +76,9 @@ class GatewayConfig:
     model_aliases: tuple[str, ...] = DEFAULT_ALIASES
     """Extra model names accepted for the served model (the OpenAI Agents SDK sends ``gpt-5.6-luna``)."""
     accept_any_model: bool = False
-    """Serve every model name instead of answering 404 for unknown ones."""
+    """Serve every model name instead of answering 404 for unknown ones. Calls attributed to a
+    rollout (URL or headers) always get the served model, so a framework's configured model name
+    needs no change during training."""
     max_n: int = 16
     """Most choices per call."""
     max_tokens_limit: int = 8192
@@ -178,11 +180,13 @@ class _Gateway:
         self.in_flight = 0
 
     # --- validation -------------------------------------------------------------------------
-    def _model(self, requested: str | None) -> str:
+    def _model(self, requested: str | None, ctx: CallContext) -> str:
         served = self.backend.model_name
         if requested is None or requested == served or requested in self.config.model_aliases:
             return served
-        if self.config.accept_any_model:
+        # Inside a rollout the policy under training answers, whatever name the agent's framework
+        # was configured with ("gpt-4o-mini" in a user's LangChain code): the agent runs unchanged.
+        if self.config.accept_any_model or ctx.rollout_id is not None:
             return served
         raise GatewayHTTPError(
             404,
@@ -262,7 +266,7 @@ class _Gateway:
         try:
             body = _body(raw)
             req = _validate(ChatCompletionRequest, body)
-            self._model(req.model)
+            self._model(req.model, ctx)
             n = req.n or 1
             requested = req.max_completion_tokens or req.max_tokens
             param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
@@ -353,7 +357,7 @@ class _Gateway:
         try:
             body = _body(raw)
             req = _validate(CompletionRequest, body)
-            self._model(req.model)
+            self._model(req.model, ctx)
             n = req.n or 1
             max_tokens = self._limits(n, req.max_tokens)
             prompts = _prompts(req.prompt)
@@ -401,7 +405,7 @@ class _Gateway:
         try:
             body = _body(raw)
             req = _validate(ResponsesRequest, body)
-            self._model(req.model)
+            self._model(req.model, ctx)
             max_tokens = self._limits(1, req.max_output_tokens, "max_output_tokens")
             messages = fmt.responses_messages(req)
             tools = fmt.responses_tools(req.tools)

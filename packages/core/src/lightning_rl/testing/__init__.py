@@ -1,6 +1,7 @@
 """Test doubles shipped with the core, for testing the layers above them (and for users' tests).
 
-Everything here is a fake, named as one: ``FakeUpstream`` is a scripted stand-in for a vLLM server.
+Everything here is a fake, named as one: ``FakeUpstream`` is a scripted stand-in for a vLLM server;
+``GatewayHarness`` runs the real store and gateway in front of it, for plugin tests.
 Exports are lazy so importing this package costs nothing until a double is used.
 """
 
@@ -17,11 +18,14 @@ if TYPE_CHECKING:
         fake_token_ids,
         fast_upstream_app,
     )
+    from lightning_rl.testing.harness import GatewayHarness
 
-__all__ = ["FakeReply", "FakeToolCall", "FakeUpstream", "fake_token_ids", "fast_upstream_app"]
+__all__ = ["FakeReply", "FakeToolCall", "FakeUpstream", "fake_token_ids", "fast_upstream_app", "GatewayHarness"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "GatewayHarness":
+        return importlib.import_module("lightning_rl.testing.harness").GatewayHarness
     if name in __all__:
         return getattr(importlib.import_module("lightning_rl.testing.fake_upstream"), name)
     raise AttributeError(f"module 'lightning_rl.testing' has no attribute {name!r}")

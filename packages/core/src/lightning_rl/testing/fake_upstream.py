@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,8 @@ class FakeUpstream:
         return_token_ids: Answer ``return_token_ids`` like vLLM; ``False`` mimics an upstream that
             returns text only (the gateway must then mark tokens inexact).
         chunk_bytes: Bytes (tokens) per streamed chunk.
+        responder: Decides each reply from the request body instead of the script (what
+            concurrent tests need: a reply that depends on the conversation, not on arrival order).
     """
 
     def __init__(
@@ -75,12 +77,14 @@ class FakeUpstream:
         return_token_ids: bool = True,
         default: str = "ok",
         chunk_bytes: int = 4,
+        responder: Callable[[dict[str, Any]], FakeReply | str] | None = None,
     ) -> None:
         self.script: list[FakeReply] = [FakeReply(r) if isinstance(r, str) else r for r in script]
         self.model = model
         self.return_token_ids = return_token_ids
         self.default = default
         self.chunk_bytes = chunk_bytes
+        self.responder = responder
         self.requests: list[dict[str, Any]] = []
         self.app = Starlette(
             routes=[
@@ -90,7 +94,10 @@ class FakeUpstream:
             ]
         )
 
-    def _next(self) -> FakeReply:
+    def _next(self, body: dict[str, Any]) -> FakeReply:
+        if self.responder is not None:
+            reply = self.responder(body)
+            return FakeReply(reply) if isinstance(reply, str) else reply
         return self.script.pop(0) if self.script else FakeReply(self.default)
 
     def _ids(self, body: dict[str, Any]) -> bool:
@@ -107,7 +114,7 @@ class FakeUpstream:
             return JSONResponse({"error": error}, status_code=404)
         prompt_ids = fake_token_ids(json.dumps(body["messages"], sort_keys=True))
         n = int(body.get("n") or 1)
-        replies = [self._next() for _ in range(n)]
+        replies = [self._next(body) for _ in range(n)]
         ids = self._ids(body)
         if body.get("stream"):
             return StreamingResponse(self._chat_stream(body, prompt_ids, replies, ids), media_type="text/event-stream")
@@ -210,7 +217,7 @@ class FakeUpstream:
         prompt = body.get("prompt")
         prompt_ids = list(prompt) if isinstance(prompt, list) else fake_token_ids(str(prompt))
         n = int(body.get("n") or 1)
-        replies = [self._next() for _ in range(n)]
+        replies = [self._next(body) for _ in range(n)]
         ids = self._ids(body)
         choices: list[dict[str, Any]] = []
         for i, r in enumerate(replies):

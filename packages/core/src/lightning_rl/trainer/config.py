@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lightning_rl.adapter import AIRPolicy
 from lightning_rl.backends.torch_backend import TorchBackendConfig
 from lightning_rl.credit import AdvantageEstimator, CreditStrategy
 
@@ -39,8 +40,9 @@ class TrainerConfig:
     """Discount of the ``discounted`` strategy."""
     estimator: AdvantageEstimator = "grpo"
     """Rollout-level advantage: grpo, grpo_no_std or rloo."""
-    air: dict[str, float] = field(default_factory=dict[str, float])
-    """Automatic intermediate rewards: signal name -> reward per occurrence, e.g. {"tool_error": -0.1}."""
+    air: AIRPolicy = field(default_factory=dict[str, float])
+    """Automatic intermediate rewards: signal name -> reward per occurrence, e.g. {"tool_error": -0.1}
+    (see ``lightning_rl.adapter.air_policy``)."""
     skip_zero_advantage: bool = True
     """Leave transitions with zero advantage out of the update (no gradient without a KL term)."""
     rollout_timeout_s: float = 120.0

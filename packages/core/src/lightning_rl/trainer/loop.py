@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_rl.adapter import adapt_attempt, final_reward
+from lightning_rl.adapter import AIRPolicy, adapt_attempt, final_reward
 from lightning_rl.agent import AgentFn
 from lightning_rl.credit import RolloutSample, compute_advantages
 from lightning_rl.roles import RoleSelector, RoleSpec
@@ -69,8 +69,8 @@ async def collect_samples(
     store: LightningStore,
     rollouts: Sequence[Rollout],
     *,
-    trainable: RoleSelector,
-    air: dict[str, float],
+    trainable: RoleSelector | None,
+    air: AIRPolicy,
 ) -> _Collected:
     """Turn finished rollouts into rollout samples. Failed / timed-out ones are counted, never scored 0."""
     out = _Collected([], [], 0, 0, 0, 0, 0, 0)
@@ -104,7 +104,8 @@ class Trainer:
 
     def __init__(self, config: TrainerConfig | None = None, *, trainable: RoleSpec = None) -> None:
         self.config = config or TrainerConfig()
-        self.trainable = RoleSelector.of(trainable)
+        # None: each role as the plugins declared it (instrument(trainable=...)), else trainable.
+        self.trainable = None if trainable is None else RoleSelector.of(trainable)
         self.run_dir = Path(self.config.run_dir)
 
     def fit(self, agent: AgentFn, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()) -> TrainResult:

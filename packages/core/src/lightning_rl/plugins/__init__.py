@@ -1,0 +1,60 @@
+"""The plugin contract shared by every framework plugin (``lightning-langchain``, ...).
+
+A plugin (a) routes the framework's model calls to the rollout's gateway URL (:mod:`.routing`),
+(b) records which role made each call and (c) turns tool events into tool spans, the inputs of AIR
+(:mod:`.record`), and (d) lets the user mark roles trainable (``instrument(trainable=...)``). It
+subclasses :class:`Instrumentor` and registers under the ``lightning_rl.plugins`` entry-point group.
+"""
+
+from __future__ import annotations
+
+from lightning_rl.plugins.base import Instrumentor, framework_version, version_in_range
+from lightning_rl.plugins.record import PluginFailures, guarded, record_role, record_tool
+from lightning_rl.plugins.registry import (
+    ENTRY_POINT_GROUP,
+    PluginInfo,
+    available_plugins,
+    describe_plugins,
+    load_plugin,
+)
+from lightning_rl.plugins.routing import (
+    RoleSource,
+    Route,
+    acting_as,
+    async_request_hook,
+    current_role,
+    current_route,
+    install_hooks,
+    remove_hooks,
+    request_hook,
+    route_request,
+    routed_async_client,
+    routed_client,
+)
+
+__all__ = [
+    "Instrumentor",
+    "framework_version",
+    "version_in_range",
+    "record_role",
+    "record_tool",
+    "guarded",
+    "PluginFailures",
+    "ENTRY_POINT_GROUP",
+    "PluginInfo",
+    "available_plugins",
+    "load_plugin",
+    "describe_plugins",
+    "Route",
+    "RoleSource",
+    "current_route",
+    "current_role",
+    "acting_as",
+    "route_request",
+    "request_hook",
+    "async_request_hook",
+    "routed_client",
+    "routed_async_client",
+    "install_hooks",
+    "remove_hooks",
+]

@@ -1,0 +1,69 @@
+"""Plugin discovery through the ``lightning_rl.plugins`` entry-point group.
+
+A plugin package declares, in its ``pyproject.toml``::
+
+    [project.entry-points."lightning_rl.plugins"]
+    langchain = "lightning_langchain:LangChainInstrumentor"
+
+so ``lightning-rl plugins`` and :func:`load_plugin` find it without Lightning knowing it exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+
+from lightning_rl.plugins.base import Instrumentor, framework_version, version_in_range
+
+__all__ = ["ENTRY_POINT_GROUP", "PluginInfo", "available_plugins", "load_plugin", "describe_plugins"]
+
+ENTRY_POINT_GROUP = "lightning_rl.plugins"
+
+
+def available_plugins() -> dict[str, metadata.EntryPoint]:
+    """Installed plugins by name (not imported yet)."""
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_plugin(name: str) -> Instrumentor:
+    """The (singleton) instrumentor of the installed plugin ``name``.
+
+    Raises:
+        LookupError: No plugin of that name is installed (the message lists those that are).
+        TypeError: The entry point does not name an ``Instrumentor`` subclass.
+    """
+    plugins = available_plugins()
+    if name not in plugins:
+        known = ", ".join(sorted(plugins)) or "none"
+        raise LookupError(
+            f"no Lightning plugin named {name!r} is installed (installed: {known}); pip install lightning-{name}"
+        )
+    cls = plugins[name].load()
+    if not (isinstance(cls, type) and issubclass(cls, Instrumentor)):
+        raise TypeError(
+            f"entry point {name!r} of group {ENTRY_POINT_GROUP!r} must name an Instrumentor subclass, got {cls!r}."
+        )
+    return cls()
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One installed plugin, as ``lightning-rl plugins`` shows it."""
+
+    name: str
+    framework: str
+    supported: str
+    installed: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.installed is not None and version_in_range(self.installed, self.supported)
+
+
+def describe_plugins() -> list[PluginInfo]:
+    """Every installed plugin with its framework's installed version and supported range."""
+    out: list[PluginInfo] = []
+    for name in sorted(available_plugins()):
+        plugin = load_plugin(name)
+        out.append(PluginInfo(name, plugin.framework, plugin.supported, framework_version(plugin.framework)))
+    return out
