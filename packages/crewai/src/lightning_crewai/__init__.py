@@ -1,0 +1,3 @@
+"""Lightning plugin (work in progress)."""
+
+__all__: list[str] = []
