@@ -125,7 +125,7 @@ async def test_completions_and_version_hook_in_upstream_mode(store: MemoryStore)
             assert (await http.post(f"{url}/admin/weights", json={"version": 4})).json() == {"version": 4}
             r = await http.post(f"{base}/completions", json={"prompt": "hey", "max_tokens": 3})
             assert r.json()["prompt_token_ids"] == list(b"hey")
-            r = await http.post(f"{base}/chat/completions", json={"model": "other", "messages": MESSAGES})
+            r = await http.post(f"{url}/v1/chat/completions", json={"model": "other", "messages": MESSAGES})
             assert r.status_code == 404
         assert await app.state.gateway.writer.flush(5)
     spans = await store.query_spans(rollout_id=claim.rollout.id)
