@@ -53,7 +53,11 @@ class TrainerConfig:
     step_timeout_s: float = 900.0
     """How long to wait for a step's rollouts; stragglers are cancelled and counted."""
     concurrency: int = 64
-    """Rollouts the in-process runner runs at once."""
+    """Rollouts the in-process runner runs at once. 0: no in-process runner; rollouts are run by
+    ``lightning-rl runner --store <run_dir>/store.sqlite --agent module:fn`` processes you start
+    (on this machine; the trainer prints the command)."""
+    engine_batch_size: int = 64
+    """Most sequences the embedded engine decodes together when runners are external (else ``concurrency``)."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only at the end)."""
     resume: bool = False
@@ -63,12 +67,14 @@ class TrainerConfig:
     backend: TorchBackendConfig = field(default_factory=TorchBackendConfig)
     tensorboard: bool = True
     progress: bool = True
-    """Print a progress line per step on the terminal (rich)."""
+    """Show a progress bar and one line per step on the terminal (rich)."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "group_size", "concurrency"):
+        for name in ("steps", "batch_size", "group_size", "engine_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.concurrency < 0:
+            raise ValueError(f"TrainerConfig.concurrency must be >= 0 (0: external runners), got {self.concurrency}.")
         if self.val_every < 0 or self.checkpoint_every < 0:
             raise ValueError("val_every and checkpoint_every must be >= 0.")
         if self.temperature <= 0:

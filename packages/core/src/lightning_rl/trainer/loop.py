@@ -27,6 +27,7 @@ from lightning_rl.roles import RoleSelector, RoleSpec
 from lightning_rl.store.base import LightningStore
 from lightning_rl.trainer.config import TrainerConfig
 from lightning_rl.trainer.metrics import MetricsLogger, plot_reward_curve
+from lightning_rl.trainer.progress import StepProgress
 from lightning_rl.trainer.services import Services, start_services
 from lightning_rl.types import (
     LLMResource,
@@ -108,12 +109,15 @@ class Trainer:
         self.trainable = None if trainable is None else RoleSelector.of(trainable)
         self.run_dir = Path(self.config.run_dir)
 
-    def fit(self, agent: AgentFn, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()) -> TrainResult:
-        """Train ``agent`` on ``train_tasks``; report held-out reward on ``val_tasks`` before and after."""
+    def fit(self, agent: AgentFn | None, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()) -> TrainResult:
+        """Train ``agent`` on ``train_tasks``; report held-out reward on ``val_tasks`` before and after.
+
+        ``agent`` may be None with ``concurrency=0``: runner processes started separately run it.
+        """
         return asyncio.run(self.fit_async(agent, train_tasks, val_tasks))
 
     async def fit_async(
-        self, agent: AgentFn, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()
+        self, agent: AgentFn | None, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()
     ) -> TrainResult:
         cfg = self.config
         if not train_tasks:
@@ -121,29 +125,49 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
         metrics = MetricsLogger(self.run_dir, tensorboard=cfg.tensorboard)
-        rng = random.Random(cfg.seed)
         train_tasks = [_with_id(t, f"train-{i}") for i, t in enumerate(train_tasks)]
         val_tasks = [_with_id(t, f"val-{i}") for i, t in enumerate(val_tasks)]
+        with StepProgress(cfg.steps, enabled=cfg.progress) as bar:
+            val_before, val_after = await self._run(agent, train_tasks, val_tasks, metrics, bar)
+        metrics.close()
+        plot_reward_curve(metrics.history, self.run_dir / "reward_curve.png")
+        return TrainResult(self.run_dir, val_before, val_after, metrics.history)
+
+    async def _run(
+        self,
+        agent: AgentFn | None,
+        train_tasks: Sequence[Task],
+        val_tasks: Sequence[Task],
+        metrics: MetricsLogger,
+        bar: StepProgress,
+    ) -> tuple[float | None, float | None]:
+        """Start the services, then validate / train / validate; returns held-out reward before and after."""
+        cfg = self.config
+        rng = random.Random(cfg.seed)
         async with start_services(cfg, agent) as svc:
+            if cfg.concurrency == 0:
+                bar.note(
+                    "waiting for external runners: lightning-rl runner "
+                    f"--store {self.run_dir / 'store.sqlite'} --agent <module:function>"
+                )
             first_step = self._maybe_resume(svc)
             if first_step > 0:
                 await svc.backend.publish()
-            val_before = await self._validate(svc, val_tasks, first_step, metrics) if val_tasks else None
+            bar.advance_to(first_step)
+            val_before = await self._validate(svc, val_tasks, first_step, metrics, bar) if val_tasks else None
             val_after = val_before
             for step in range(first_step + 1, cfg.steps + 1):
                 row = await self._train_step(svc, step, rng.sample(train_tasks, min(cfg.batch_size, len(train_tasks))))
                 if val_tasks and cfg.val_every and step % cfg.val_every == 0 and step != cfg.steps:
-                    val_after = await self._validate(svc, val_tasks, step, metrics)
+                    val_after = await self._validate(svc, val_tasks, step, metrics, bar)
                 metrics.log(row)
-                self._print(row)
+                bar.step_done(row)
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     self._checkpoint(svc, step)
             if val_tasks:
-                val_after = await self._validate(svc, val_tasks, cfg.steps, metrics)
+                val_after = await self._validate(svc, val_tasks, cfg.steps, metrics, bar)
             self._checkpoint(svc, cfg.steps)
-        metrics.close()
-        plot_reward_curve(metrics.history, self.run_dir / "reward_curve.png")
-        return TrainResult(self.run_dir, val_before, val_after, metrics.history)
+        return val_before, val_after
 
     # --- one step, top to bottom --------------------------------------------------------------
     async def _train_step(self, svc: Services, step: int, tasks: Sequence[Task]) -> dict[str, float]:
@@ -199,7 +223,9 @@ class Trainer:
             **update,
         }
 
-    async def _validate(self, svc: Services, tasks: Sequence[Task], step: int, metrics: MetricsLogger) -> float:
+    async def _validate(
+        self, svc: Services, tasks: Sequence[Task], step: int, metrics: MetricsLogger, bar: StepProgress
+    ) -> float:
         """Mean reward on held-out tasks (one rollout each) with the current weights."""
         cfg = self.config
         temperature = cfg.val_temperature if cfg.val_temperature is not None else cfg.temperature
@@ -227,8 +253,7 @@ class Trainer:
                 "val/failed_rollouts": float(collected.failed + collected.timed_out),
             }
         )
-        if cfg.progress:
-            svc.console.print(f"[bold]step {step}[/] held-out reward {mean:.3f} over {len(collected.rewards)} tasks")
+        bar.note(f"[bold]step {step}[/] held-out reward {mean:.3f} over {len(collected.rewards)} tasks")
         return mean
 
     # --- helpers ------------------------------------------------------------------------------
@@ -272,18 +297,6 @@ class Trainer:
         step = int(folder.name.removeprefix("step_"))
         log.info("resumed from %s (step %d)", folder, step)
         return step
-
-    def _print(self, row: dict[str, float]) -> None:
-        if not self.config.progress:
-            return
-        from rich.console import Console
-
-        Console().print(
-            f"step {int(row['step']):>3}  reward {row['train/reward_mean']:.3f}  "
-            f"transitions {int(row['train/n_updated_transitions'])}/{int(row['train/n_transitions'])}  "
-            f"failed {int(row['train/failed_rollouts'] + row['train/timed_out_rollouts'])}  "
-            f"loss {row.get('train/loss', float('nan')):+.4f}  {row['train/step_s']:.1f}s"
-        )
 
 
 def _with_id(task: Task, default: str) -> Task:

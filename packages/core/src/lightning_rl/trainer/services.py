@@ -3,8 +3,10 @@
 A SQLite store in the run folder (durable: a crash loses no acknowledged data), the inference
 engine behind the OpenAI-compatible gateway on a free loopback port, the torch policy backend
 (a second copy of the weights that ``publish()`` swaps into the engine), and an in-process runner
-executing the agent. Everything shares one event loop; the engine decodes on its own thread and
-the update runs in a worker thread, so the gateway keeps answering throughout.
+executing the agent (unless ``concurrency=0``: then runner processes started separately work
+from the same SQLite file, which is safe across processes). Everything shares one event loop; the
+engine decodes on its own thread and the update runs in a worker thread, so the gateway keeps
+answering throughout.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def resolve_model(model: str, cache_dir: Path | None = None) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def start_services(config: TrainerConfig, agent: AgentFn) -> AsyncGenerator[Services]:
+async def start_services(config: TrainerConfig, agent: AgentFn | None) -> AsyncGenerator[Services]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -71,7 +73,7 @@ async def start_services(config: TrainerConfig, agent: AgentFn) -> AsyncGenerato
     torch.manual_seed(config.seed)
     store = SQLiteStore(run_dir / "store.sqlite")
     engine = TransformersEngine.from_pretrained(
-        model_path, device=config.device, max_batch_size=max(config.concurrency, 1)
+        model_path, device=config.device, max_batch_size=config.concurrency or config.engine_batch_size
     )
     policy = AutoModelForCausalLM.from_pretrained(model_path)
 
@@ -84,10 +86,14 @@ async def start_services(config: TrainerConfig, agent: AgentFn) -> AsyncGenerato
     )
     app = create_gateway_app(engine, store=store)
     stop = asyncio.Event()
-    runner = Runner(store, agent, concurrency=config.concurrency, poll_interval_s=0.05, heartbeat_interval_s=5.0)
+    runner = None
+    if config.concurrency > 0:
+        if agent is None:
+            raise ValueError("fit() needs the agent when the trainer runs it (concurrency > 0).")
+        runner = Runner(store, agent, concurrency=config.concurrency, poll_interval_s=0.05, heartbeat_interval_s=5.0)
     try:
         async with running_gateway(app) as url:
-            runner_task = asyncio.create_task(runner.run(stop), name="lightning-runner")
+            runner_task = asyncio.create_task(runner.run(stop), name="lightning-runner") if runner else None
             try:
                 yield Services(
                     store=store,
@@ -101,10 +107,11 @@ async def start_services(config: TrainerConfig, agent: AgentFn) -> AsyncGenerato
                 )
             finally:
                 stop.set()
-                try:
-                    await asyncio.wait_for(runner_task, timeout=config.rollout_timeout_s + 10)
-                except TimeoutError:
-                    runner_task.cancel()
+                if runner_task is not None:
+                    try:
+                        await asyncio.wait_for(runner_task, timeout=config.rollout_timeout_s + 10)
+                    except TimeoutError:
+                        runner_task.cancel()
     finally:
         engine.close()
         await store.close()
