@@ -217,3 +217,18 @@ async def test_role_spans_join_on_response_id_and_trainable_declarations_filter(
 def test_recording_outside_a_rollout_is_a_no_op() -> None:
     assert record_role("writer", response_id="r") is None
     assert record_tool("t", error="boom") is None
+
+
+async def test_calls_without_a_role_stay_out_once_a_plugin_declared_roles() -> None:
+    async with GatewayHarness(script=["planned", "written"]) as h:
+        client = openai.AsyncOpenAI(
+            base_url="https://example.invalid/v1", api_key="k", http_client=routed_async_client()
+        )
+        async with h.attempt() as claim:
+            await client.chat.completions.create(model="m", messages=MESSAGES)  # e.g. a crew's planner: no role
+            r = await client.chat.completions.create(model="m", messages=MESSAGES)
+            record_role("writer", response_id=r.id, trainable=True)
+        adapted = await h.adapt(claim)
+        assert [t.role for t in adapted.transitions] == ["writer"] and adapted.n_untrainable == 1
+        assert len((await h.adapt(claim, trainable="all")).transitions) == 2
+        await client.close()

@@ -131,8 +131,9 @@ def adapt_attempt(
     """Turn one attempt's spans into transitions (``reward`` = the AIR reward attached to each).
 
     ``spans`` must be the attempt's spans in store order; other attempts' spans are ignored.
-    ``trainable=None`` keeps each role as a plugin declared it (``lightning.trainable`` on its role
-    spans) and every undeclared role; any other value decides alone.
+    ``trainable=None`` follows the plugin's declarations (``lightning.trainable`` on its role spans):
+    when the attempt has any, only calls of roles declared trainable are kept; when it has none,
+    every call is. Any other value decides alone.
     """
     selector = None if trainable is None else RoleSelector.of(trainable)
     own = sorted((s for s in spans if s.attempt_id == attempt_id), key=lambda s: s.seq)
@@ -204,8 +205,12 @@ def adapt_attempt(
         reward = weight(signal) if callable(weight) else weight * signal.value
         transitions[index].reward += float(reward)
 
-    if selector is None:
-        kept = [t for t in transitions if t.role is None or declared.get(t.role, True)]
+    if selector is None and declared:
+        # A plugin with a trainable selection ran: train what it declared trainable, nothing else
+        # (a crew's planning calls or an un-instrumented client have no role and stay out).
+        kept = [t for t in transitions if t.role is not None and declared.get(t.role, False)]
+    elif selector is None:
+        kept = transitions
     else:
         kept = [t for t in transitions if selector(t.role)]
     result.n_untrainable = len(transitions) - len(kept)
