@@ -1,0 +1,81 @@
+"""The crew under training: a researcher with a price-lookup tool, and a writer who answers.
+
+This is ordinary CrewAI code. Nothing in it knows about Lightning: ``train.py`` adds the one
+plugin call (``CrewAIInstrumentor().instrument(trainable=["Researcher"])``), and the plugin routes
+each rollout's model calls to the trainer's gateway, records which role made each call, and turns
+the tool's errors into AIR signals. The crew's ``LLM`` points at whatever OpenAI-compatible server
+it would use in production (``OPENAI_BASE_URL``); during training its calls never go there.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _name, _value in {
+    "CREWAI_DISABLE_TELEMETRY": "true",
+    "CREWAI_TRACING_ENABLED": "false",
+    "CREWAI_DISABLE_VERSION_CHECK": "true",
+    "ANONYMIZED_TELEMETRY": "False",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+from typing import Any  # noqa: E402
+
+from crew_tasks import CATALOGUE, score  # noqa: E402
+from crewai import LLM, Agent, Crew, CrewOutput, Process, Task  # noqa: E402
+from crewai.tools import tool  # noqa: E402
+
+from lightning_rl.agent import LLM as LightningLLM  # noqa: E402
+
+__all__ = ["RESEARCHER", "WRITER", "lookup_price", "build_crew", "crew_agent"]
+
+RESEARCHER = "Researcher"
+WRITER = "Writer"
+
+
+@tool("lookup_price")
+def lookup_price(item: str) -> str:
+    """Return the price in euros of the catalogue item with exactly this name, e.g. 'blue kettle'."""
+    if item not in CATALOGUE:
+        raise KeyError(f"no catalogue item named {item!r}")
+    return f"{item}: {CATALOGUE[item]} euros"
+
+
+def build_crew(llm: LLM) -> Crew:
+    """Researcher (tool) -> writer; ``{item}`` is filled in by ``kickoff(inputs=...)``."""
+    researcher = Agent(
+        role=RESEARCHER,
+        goal="Find prices in the catalogue",
+        backstory="You look prices up; you never guess.",
+        tools=[lookup_price],
+        llm=llm,
+        max_iter=3,
+    )
+    writer = Agent(role=WRITER, goal="Answer with the price", backstory="You are brief.", llm=llm, max_iter=2)
+    research = Task(description="Look up the price of: {item}.", expected_output="The price.", agent=researcher)
+    answer = Task(
+        description="State the price of {item} as a number.",
+        expected_output="The price, e.g. 42.",
+        agent=writer,
+        context=[research],
+    )
+    return Crew(agents=[researcher, writer], tasks=[research, answer], process=Process.sequential, verbose=False)
+
+
+async def crew_agent(task: dict[str, Any], llm: LightningLLM) -> float:
+    """One rollout: run a fresh crew on the question and score the writer's answer.
+
+    ``llm`` is the trainer's handle; only its sampling settings are used (the plugin does the
+    routing), so this is the same function you would run against a production server.
+    """
+    sampling = dict(llm.sampling)
+    crew_llm = LLM(
+        model="openai/crew-model",
+        base_url=os.environ.get("OPENAI_BASE_URL", "http://localhost:8000/v1"),
+        api_key=os.environ.get("OPENAI_API_KEY", "unused"),
+        temperature=sampling.get("temperature"),
+        max_tokens=sampling.get("max_tokens"),
+        max_retries=0,
+    )
+    out = await build_crew(crew_llm).kickoff_async(inputs={"item": task["asked_as"]})
+    return score(out.raw if isinstance(out, CrewOutput) else None, task["answer"])
