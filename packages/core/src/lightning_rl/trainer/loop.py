@@ -16,6 +16,7 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,7 @@ class Trainer:
         """Start the services, then validate / train / validate; returns held-out reward before and after."""
         cfg = self.config
         rng = random.Random(cfg.seed)
-        async with start_services(cfg, agent) as svc:
+        async with self._services(agent) as svc:
             if cfg.concurrency == 0:
                 bar.note(
                     "waiting for external runners: lightning-rl runner "
@@ -168,6 +169,10 @@ class Trainer:
                 val_after = await self._validate(svc, val_tasks, cfg.steps, metrics, bar)
             self._checkpoint(svc, cfg.steps)
         return val_before, val_after
+
+    def _services(self, agent: AgentFn | None) -> AbstractAsyncContextManager[Services]:
+        """The store, gateway, backend and runner of this run (``VerlTrainer`` swaps in VeRL's)."""
+        return start_services(self.config, agent)
 
     # --- one step, top to bottom --------------------------------------------------------------
     async def _train_step(self, svc: Services, step: int, tasks: Sequence[Task]) -> dict[str, float]:

@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from lightning_rl.agent import AgentFn
+from lightning_rl.backends.base import PolicyBackend
 from lightning_rl.backends.publish import engine_publisher
 from lightning_rl.backends.torch_backend import TorchBackend
 from lightning_rl.store.base import LightningStore
@@ -33,7 +34,7 @@ __all__ = ["Services", "start_services", "resolve_model"]
 @dataclass
 class Services:
     store: LightningStore
-    backend: TorchBackend
+    backend: PolicyBackend
     engine: Any
     gateway: Any
     gateway_url: str

@@ -1,0 +1,16 @@
+"""The VeRL backend is an optional extra: importing the package is free, using it without verl says what to install."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_missing_verl_raises_an_import_error_naming_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['verl'] = None\n"
+        "import lightning_rl.backends.verl as v\n"  # importing the package itself never needs verl
+        "try:\n    v.VerlBackend\nexcept ImportError as e:\n    print('ERR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert "ERR" in out.stdout and "pip install 'lightning-rl[verl]'" in out.stdout
