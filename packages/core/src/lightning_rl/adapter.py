@@ -6,7 +6,9 @@ role-specific URL) or from a plugin span joined on the response id — never fro
 
 Signals for automatic intermediate rewards (AIR) come from ``lightning.signal`` spans and from
 plugin ``tool`` spans; each attaches to the call whose response requested that tool (joined on
-the tool-call id), or, when the framework gave no id, to the latest earlier call of the same role.
+the tool-call id), or, when the framework gave no id, to the latest call of the same role that had
+ended when the tool started (the gateway and the agent's process write spans through different
+writers, so store order says nothing about which came first; the clock does).
 Signals are attached before untrainable calls are dropped, so a tool requested by an untrainable
 role never leaks reward onto a trainable one.
 """
@@ -62,6 +64,7 @@ class Signal:
     tool_call_id: str | None
     role: str | None
     order: int
+    """When the signal happened (the span's start, ns): orders it against calls that have no id link."""
     span_id: str
     tool: str | None = None
 
@@ -105,7 +108,8 @@ def _tool_call_ids(span: Span) -> list[str]:
 
 def _signals(spans: Sequence[Span]) -> list[Signal]:
     out: list[Signal] = []
-    for order, span in enumerate(spans):
+    for span in spans:
+        order = span.start_ns
         attrs = span.attributes
         call_id = attrs.get(semconv.GEN_AI_TOOL_CALL_ID)
         role = attrs.get(semconv.ROLE)
@@ -152,8 +156,7 @@ def adapt_attempt(
 
     calls = sorted((s for s in own if s.name == semconv.SPAN_LLM_CALL), key=lambda s: (s.start_ns, s.seq))
     transitions: list[Transition] = []
-    orders: list[int] = []
-    order_of = {s.span_id: i for i, s in enumerate(own)}
+    ended: list[int] = []
     result = AdaptedAttempt(transitions=[], signals=_signals(own))
     for step, span in enumerate(calls):
         attrs = span.attributes
@@ -179,7 +182,7 @@ def adapt_attempt(
                 tool_call_ids=_tool_call_ids(span),
             )
         )
-        orders.append(order_of[span.span_id])
+        ended.append(span.end_ns or span.start_ns)
     result.n_calls = len(transitions)
 
     # AIR: attach each signal to the call that requested its tool, then weigh it by the policy.
@@ -191,7 +194,7 @@ def adapt_attempt(
             earlier = [
                 i
                 for i, t in enumerate(transitions)
-                if orders[i] < signal.order and (signal.role is None or t.role == signal.role)
+                if ended[i] <= signal.order and (signal.role is None or t.role == signal.role)
             ]
             index = earlier[-1] if earlier else None
         if index is None:

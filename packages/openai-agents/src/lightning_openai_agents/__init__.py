@@ -1,3 +1,34 @@
-"""Lightning plugin (work in progress)."""
+"""Lightning plugin for the OpenAI Agents SDK: train chosen agents with RL, handoffs included.
 
-__all__: list[str] = []
+Three lines integrate an existing app::
+
+    from lightning_openai_agents import instrument
+    instrument(trainable=["answerer"])   # roles are agent names
+    # ...run agents with Runner.run / run_streamed as before
+
+Inside a rollout every model call goes to the rollout's gateway on the calling agent's role URL
+(both the chat-completions and the responses API, streaming included), and every function-tool
+call becomes a tool span (an AIR ``tool_success`` / ``tool_error`` signal) joined by tool-call id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_openai_agents._processor import LightningTracingProcessor
+from lightning_openai_agents.instrumentor import OpenAIAgentsInstrumentor
+from lightning_rl.roles import RoleSelector, RoleSpec
+
+__all__ = ["OpenAIAgentsInstrumentor", "LightningTracingProcessor", "instrument", "uninstrument"]
+
+
+def instrument(
+    *, trainable: RoleSpec | RoleSelector = None, check_version: bool = True, **kwargs: Any
+) -> OpenAIAgentsInstrumentor:
+    """Instrument the Agents SDK (idempotent); see :meth:`OpenAIAgentsInstrumentor.instrument`."""
+    return OpenAIAgentsInstrumentor().instrument(trainable=trainable, check_version=check_version, **kwargs)
+
+
+def uninstrument() -> None:
+    """Undo :func:`instrument` (idempotent): the SDK behaves exactly as before."""
+    OpenAIAgentsInstrumentor().uninstrument()
