@@ -162,7 +162,7 @@ async def test_unknown_extra_fields_are_ignored(gateway: Gateway, engine: Transf
     async with httpx.AsyncClient(timeout=60) as http:
         r = await http.post(f"{gateway.v1}/chat/completions", json=body)
     assert r.status_code == 200, r.text
-    assert r.json()["model"] == engine.model_name
+    assert r.json()["model"] == "gpt-5.6-luna"  # the alias asked for is echoed
 
 
 async def test_limits_config_is_respected_for_responses(engine: TransformersEngine) -> None:
@@ -175,13 +175,18 @@ async def test_limits_config_is_respected_for_responses(engine: TransformersEngi
 async def test_any_model_name_is_served_inside_a_rollout(gateway: Gateway, engine: TransformersEngine) -> None:
     """A framework configured with another model name runs unchanged during training."""
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    [claim] = await claim_attempts(gateway.store, 1)
+    rollout, attempt = claim.rollout.id, claim.attempt.id
     async with httpx.AsyncClient(timeout=60) as http:
-        by_url = await http.post(f"{gateway.url}/rollouts/ro-1/attempts/at-1/v1/chat/completions", json=body)
+        by_url = await http.post(f"{rollout_url(gateway.url, claim)}/chat/completions", json=body)
         by_header = await http.post(
             f"{gateway.v1}/chat/completions",
             json=body,
-            headers={"X-Lightning-Rollout": "ro-1", "X-Lightning-Attempt": "at-1"},
+            headers={"X-Lightning-Rollout": rollout, "X-Lightning-Attempt": attempt},
         )
     for r in (by_url, by_header):
         assert r.status_code == 200, r.text
-        assert r.json()["model"] == engine.model_name
+        assert r.json()["model"] == "gpt-4o-mini"  # echoed, so frameworks comparing names stay quiet
+    await gateway.flush()
+    spans = await gateway.store.query_spans(rollout_id=rollout)
+    assert len(spans) == 2 and {s.attributes["gen_ai.response.model"] for s in spans} == {engine.model_name}

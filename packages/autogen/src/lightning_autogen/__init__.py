@@ -1,3 +1,15 @@
-"""Lightning plugin (work in progress)."""
+"""Lightning plugin for AutoGen AgentChat: train chosen agents of a team with RL, unchanged.
 
-__all__: list[str] = []
+Two ways in, same effect: ``wrap(team_or_agent, trainable=[...])`` for one object, or
+``AutoGenInstrumentor().instrument(trainable=[...])`` for the whole process. Inside a rollout every
+agent's model calls go to the attempt's gateway under the agent's name (its role), the chosen
+agents are declared trainable, and tool results become AIR signals on the call that requested
+them. Outside a rollout the agents behave exactly as before.
+"""
+
+from __future__ import annotations
+
+from lightning_autogen.instrumentor import AutoGenInstrumentor
+from lightning_autogen.wrap import is_wrapped, unwrap, wrap
+
+__all__ = ["AutoGenInstrumentor", "wrap", "unwrap", "is_wrapped"]

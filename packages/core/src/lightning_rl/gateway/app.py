@@ -181,13 +181,18 @@ class _Gateway:
 
     # --- validation -------------------------------------------------------------------------
     def _model(self, requested: str | None, ctx: CallContext) -> str:
+        """The model name to answer with: the requested one when this gateway serves it.
+
+        Echoing the requested alias (not the served name) keeps frameworks that compare the two
+        (AutoGen warns on a mismatch) quiet; spans record the served model either way.
+        """
         served = self.backend.model_name
-        if requested is None or requested == served or requested in self.config.model_aliases:
+        if requested is None or requested == served:
             return served
         # Inside a rollout the policy under training answers, whatever name the agent's framework
         # was configured with ("gpt-4o-mini" in a user's LangChain code): the agent runs unchanged.
-        if self.config.accept_any_model or ctx.rollout_id is not None:
-            return served
+        if requested in self.config.model_aliases or self.config.accept_any_model or ctx.rollout_id is not None:
+            return requested
         raise GatewayHTTPError(
             404,
             f"the model {requested!r} does not exist here; this gateway serves {served!r}.",
@@ -266,7 +271,7 @@ class _Gateway:
         try:
             body = _body(raw)
             req = _validate(ChatCompletionRequest, body)
-            self._model(req.model, ctx)
+            model = self._model(req.model, ctx)
             n = req.n or 1
             requested = req.max_completion_tokens or req.max_tokens
             param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
@@ -297,7 +302,6 @@ class _Gateway:
             )
             rid = new_call_id("chatcmpl-")
             created = int(time.time())
-            model = self.backend.model_name
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 pieces = await self._open_stream(spec)
@@ -357,7 +361,7 @@ class _Gateway:
         try:
             body = _body(raw)
             req = _validate(CompletionRequest, body)
-            self._model(req.model, ctx)
+            model = self._model(req.model, ctx)
             n = req.n or 1
             max_tokens = self._limits(n, req.max_tokens)
             prompts = _prompts(req.prompt)
@@ -369,7 +373,6 @@ class _Gateway:
             ]
             rid = new_call_id("cmpl-")
             created = int(time.time())
-            model = self.backend.model_name
             if req.stream:
                 if len(specs) != 1:
                     raise GatewayHTTPError(400, "streaming accepts a single prompt; send one request per prompt.")
@@ -405,7 +408,7 @@ class _Gateway:
         try:
             body = _body(raw)
             req = _validate(ResponsesRequest, body)
-            self._model(req.model, ctx)
+            model = self._model(req.model, ctx)
             max_tokens = self._limits(1, req.max_output_tokens, "max_output_tokens")
             messages = fmt.responses_messages(req)
             tools = fmt.responses_tools(req.tools)
@@ -431,7 +434,6 @@ class _Gateway:
             )
             rid = new_call_id("resp_")
             created = int(time.time())
-            model = self.backend.model_name
             if req.stream:
                 events = fmt.ResponsesEvents(rid, created, model, req)
                 pieces = await self._open_stream(spec)
