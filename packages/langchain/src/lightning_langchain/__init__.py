@@ -1,3 +1,42 @@
-"""Lightning plugin (work in progress)."""
+"""Lightning plugin for LangChain / LangGraph: train chosen roles of a graph with RL, graph unchanged.
 
-__all__: list[str] = []
+::
+
+    import lightning_langchain
+    lightning_langchain.instrument(trainable=["writer", "rewriter"])
+    graph.invoke(...)   # inside a Lightning rollout: routed to the gateway, roles and tools recorded
+
+Importing this package imports ``langchain_core`` (the handler subclasses its callback base class);
+``langchain-openai`` is only needed for routing ``ChatOpenAI`` and is imported when instrumenting.
+"""
+
+from __future__ import annotations
+
+from lightning_langchain.handler import SPAN_ERROR, LightningCallbackHandler, response_id
+from lightning_langchain.instrumentor import LangChainInstrumentor, current_handler, instrument, uninstrument
+from lightning_langchain.roles import (
+    ROLE_KEY,
+    ROLE_TAG_PREFIX,
+    TRAINABLE_KEY,
+    RoleInfo,
+    as_role,
+    resolve_role,
+    role_metadata,
+)
+
+__all__ = [
+    "LangChainInstrumentor",
+    "instrument",
+    "uninstrument",
+    "current_handler",
+    "LightningCallbackHandler",
+    "as_role",
+    "role_metadata",
+    "resolve_role",
+    "RoleInfo",
+    "ROLE_KEY",
+    "TRAINABLE_KEY",
+    "ROLE_TAG_PREFIX",
+    "SPAN_ERROR",
+    "response_id",
+]

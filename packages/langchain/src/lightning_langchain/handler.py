@@ -1,0 +1,347 @@
+"""The LangChain callback handler: role spans for model calls, tool spans for tool runs.
+
+LangChain tells every callback handler when a chat model starts and ends (with the run's
+metadata at the start, the response at the end) and when a tool starts, ends or fails. From these
+the handler records, inside a rollout only:
+
+* per chat-model call, a role span joined to the gateway's ``llm.call`` by the response id
+  (``response_metadata["id"]``) — exact, whatever the concurrency — plus the role's trainable
+  flag; it also sets :data:`~lightning_langchain.routing.request_role` so the request itself goes
+  to the role's gateway URL (which covers streamed calls, whose messages carry no id);
+* per tool run, a tool span with the model's tool-call id (so the AIR ``tool_success`` /
+  ``tool_error`` signal lands on the call that asked for the tool); an error is recorded in
+  ``on_tool_error``, which LangChain calls before the exception leaves the tool, so it is
+  recorded even when the error then aborts the graph;
+* an error span for an exception raised in the user's own code (a node), recorded once; the
+  exception itself is LangChain's to propagate and the handler never touches it.
+
+The handler runs inline (``run_inline = True``): in the caller's context, before LangChain goes on,
+which is what lets the role reach the HTTP request. Every method is ``guarded``: a failure of the
+handler is logged at debug level and counted, never raised into the user's graph.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.outputs import LLMResult
+
+from lightning_langchain.roles import RoleInfo, resolve_role
+from lightning_langchain.routing import request_role
+from lightning_rl import semconv
+from lightning_rl.plugins import guarded, record_role, record_tool
+from lightning_rl.tracing import current_rollout, emit_span
+
+__all__ = ["LightningCallbackHandler", "response_id", "SPAN_ERROR"]
+
+SPAN_ERROR = "langchain.error"
+"""Span recording an exception raised in the user's code inside a rollout (status ``error``)."""
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+_MAX_OPEN_RUNS = 10_000
+_LC_GENERATED_ID_PREFIXES = ("lc_run-", "run-")
+
+
+class _Bounded(Generic[K, V]):
+    """A thread-safe dict that forgets its oldest entries past ``limit`` (runs that never end)."""
+
+    def __init__(self, limit: int = _MAX_OPEN_RUNS) -> None:
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._data[key] = value
+            while len(self._data) > self._limit:
+                self._data.popitem(last=False)
+
+    def pop(self, key: K) -> V | None:
+        with self._lock:
+            return self._data.pop(key, None)
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            return self._data.get(key)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@dataclass(frozen=True)
+class _ToolRun:
+    name: str
+    call_id: str | None
+    role: str | None
+    arguments: str | None
+    start_ns: int
+
+
+def response_id(response: LLMResult) -> str | None:
+    """The provider's id of the response (``chatcmpl-…`` / ``resp_…``), or None (e.g. streamed chat)."""
+    for generations in response.generations:
+        for generation in generations:
+            message: BaseMessage | None = getattr(generation, "message", None)
+            if message is None:
+                continue
+            rid = message.response_metadata.get("id")
+            if isinstance(rid, str) and rid:
+                return rid
+            if message.id and not message.id.startswith(_LC_GENERATED_ID_PREFIXES):
+                return message.id
+    rid = (response.llm_output or {}).get("id")
+    return rid if isinstance(rid, str) and rid else None
+
+
+def _tool_call_ids(response: LLMResult) -> Iterator[str]:
+    for generations in response.generations:
+        for generation in generations:
+            message: Any = getattr(generation, "message", None)
+            for call in getattr(message, "tool_calls", None) or ():
+                call_id = call.get("id") if isinstance(call, Mapping) else None
+                if isinstance(call_id, str) and call_id:
+                    yield call_id
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _undecided(_role: str | None) -> bool | None:
+    return None
+
+
+def _is_control_flow(error: BaseException) -> bool:
+    """LangGraph's interrupts and bubbling signals are not errors of the user's code."""
+    if not isinstance(error, Exception):  # cancellation, KeyboardInterrupt, ...
+        return True
+    return any(cls.__name__ in ("GraphBubbleUp", "GraphInterrupt", "ParentCommand") for cls in type(error).__mro__)
+
+
+class LightningCallbackHandler(BaseCallbackHandler):
+    """Records roles and tool runs of a LangChain/LangGraph run into the current rollout.
+
+    Usually installed globally by ``lightning_langchain.instrument()``; it can also be passed
+    explicitly (``config={"callbacks": [LightningCallbackHandler()]}``). Outside a rollout it does
+    nothing.
+
+    Args:
+        is_trainable: The trainable flag of a role when the user set none on the runnable
+            (``instrument(trainable=...)``); returns None when undecided.
+    """
+
+    run_inline = True
+    raise_error = False
+
+    def __init__(self, is_trainable: Callable[[str | None], bool | None] | None = None) -> None:
+        super().__init__()
+        self.enabled = True
+        self._is_trainable = is_trainable or _undecided
+        self._llm_runs: _Bounded[UUID, RoleInfo] = _Bounded()
+        self._tool_runs: _Bounded[UUID, _ToolRun] = _Bounded()
+        self._chain_runs: _Bounded[UUID, RoleInfo] = _Bounded()
+        self._role_of_tool_call: _Bounded[str, str] = _Bounded()
+        # Exceptions already recorded (by id; the object is kept so the id stays unique). Exceptions
+        # take no weak references, hence a small bounded map.
+        self._recorded: _Bounded[int, BaseException] = _Bounded(256)
+
+    def _active(self) -> bool:
+        return self.enabled and current_rollout() is not None
+
+    def _trainable(self, info: RoleInfo) -> bool | None:
+        return info.trainable if info.trainable is not None else self._is_trainable(info.role)
+
+    # -- chat models -------------------------------------------------------------------------
+
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._chat_model_start(run_id, tags, metadata)
+
+    @guarded
+    def _chat_model_start(self, run_id: UUID, tags: list[str] | None, metadata: dict[str, Any] | None) -> None:
+        if not self._active():
+            return
+        request_role.set(None)  # should what follows fail, no earlier call's role may leak into this request
+        info = resolve_role(metadata, tags)
+        self._llm_runs.put(run_id, info)
+        request_role.set(info.role)  # read by the routing hook when this call's request goes out
+
+    def on_llm_end(
+        self, response: LLMResult, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        self._llm_end(run_id, response)
+
+    @guarded
+    def _llm_end(self, run_id: UUID, response: LLMResult) -> None:
+        info = self._llm_runs.pop(run_id)
+        if info is None or not self._active():
+            return
+        if info.role is not None:
+            for call_id in _tool_call_ids(response):
+                self._role_of_tool_call.put(call_id, info.role)
+        rid = response_id(response)
+        record_role(
+            info.role,
+            response_id=rid,
+            trainable=self._trainable(info),
+            agent_name=info.agent_name,
+            attributes={
+                "lightning.role.source": info.source,
+                # Without an id (streamed chat completions) the role reached the gateway in the URL.
+                "lightning.role.joined_by": "response_id" if rid else "request_route",
+                "langchain.run_id": str(run_id),
+            },
+        )
+
+    def on_llm_error(
+        self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        self._llm_runs.pop(run_id)
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any],
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._tool_start(run_id, serialized, input_str, tags, metadata, inputs, kwargs.get("tool_call_id"))
+
+    @guarded
+    def _tool_start(
+        self,
+        run_id: UUID,
+        serialized: dict[str, Any] | None,
+        input_str: str,
+        tags: list[str] | None,
+        metadata: dict[str, Any] | None,
+        inputs: dict[str, Any] | None,
+        tool_call_id: Any,
+    ) -> None:
+        if not self._active():
+            return
+        call_id = tool_call_id if isinstance(tool_call_id, str) and tool_call_id else None
+        # The role of the call that asked for the tool; else the role of where the tool runs
+        # (a tool called from inside a "writer" node belongs to the writer).
+        role = self._role_of_tool_call.get(call_id) if call_id else None
+        if role is None:
+            role = resolve_role(metadata, tags).role
+        name = str((serialized or {}).get("name") or "tool")
+        arguments = _json(inputs) if inputs is not None else input_str
+        self._tool_runs.put(run_id, _ToolRun(name, call_id, role, arguments, time.time_ns()))
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._tool_end(run_id, output)
+
+    @guarded
+    def _tool_end(self, run_id: UUID, output: Any) -> None:
+        run = self._tool_runs.pop(run_id)
+        if run is None or not self._active():
+            return
+        call_id, error, text = run.call_id, None, output
+        if isinstance(output, ToolMessage):
+            call_id = call_id or output.tool_call_id or None
+            text = output.content if isinstance(output.content, str) else _json(output.content)
+            if output.status == "error":  # a tool that handles its own errors (handle_tool_error=...)
+                error = text or "tool error"
+        record_tool(
+            run.name,
+            call_id=call_id,
+            role=run.role,
+            error=error,
+            arguments=run.arguments,
+            output=text if isinstance(text, str) else _json(text),
+            start_ns=run.start_ns,
+        )
+
+    def on_tool_error(
+        self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        self._tool_error(run_id, error)
+
+    @guarded
+    def _tool_error(self, run_id: UUID, error: BaseException) -> None:
+        run = self._tool_runs.pop(run_id)
+        if run is None or not self._active():
+            return
+        record_tool(
+            run.name, call_id=run.call_id, role=run.role, error=error, arguments=run.arguments, start_ns=run.start_ns
+        )
+        self._recorded.put(id(error), error)
+
+    # -- the user's code (graph nodes, chains) -----------------------------------------------
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any],
+        inputs: dict[str, Any],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._chain_start(run_id, tags, metadata)
+
+    @guarded
+    def _chain_start(self, run_id: UUID, tags: list[str] | None, metadata: dict[str, Any] | None) -> None:
+        if self._active():
+            self._chain_runs.put(run_id, resolve_role(metadata, tags))
+
+    def on_chain_end(
+        self, outputs: dict[str, Any], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        self._chain_runs.pop(run_id)
+
+    def on_chain_error(
+        self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        self._chain_error(run_id, error)
+
+    @guarded
+    def _chain_error(self, run_id: UUID, error: BaseException) -> None:
+        info = self._chain_runs.pop(run_id)
+        if info is None or not self._active() or _is_control_flow(error) or self._recorded.get(id(error)) is error:
+            return
+        self._recorded.put(id(error), error)  # recorded once, by the innermost run it passes through
+        attrs: dict[str, Any] = {
+            "error.type": type(error).__qualname__,
+            "exception.message": str(error)[:2000],
+            "langchain.run_id": str(run_id),
+        }
+        if info.role is not None:
+            attrs[semconv.ROLE] = info.role
+        if info.agent_name is not None:
+            attrs[semconv.GEN_AI_AGENT_NAME] = info.agent_name
+        emit_span(SPAN_ERROR, attrs, status="error", status_message=f"{type(error).__name__}: {error}"[:500])

@@ -1,0 +1,109 @@
+"""``LangChainInstrumentor``: one call makes every LangChain/LangGraph run in the process trainable.
+
+Two things are installed, both undone by ``uninstrument()``:
+
+* the callback handler, registered with LangChain's configure hook
+  (``langchain_core.tracers.context.register_configure_hook``): every run LangChain configures —
+  ``graph.invoke(...)``, ``model.invoke(...)`` — gets it, with no ``callbacks=`` in the user's
+  code. The hook's context variable has the handler as its *default*, so it applies in every
+  thread and task, including those started before ``instrument()``;
+* the ``ChatOpenAI`` routing patch (:mod:`lightning_langchain.routing`), so model calls made
+  inside a rollout reach that rollout's gateway URL whatever ``base_url`` the model was built with.
+
+LangChain has no public way to unregister a configure hook, so ``uninstrument()`` removes the entry
+from ``langchain_core.tracers.context._configure_hooks`` and also disables the handler: should
+that private list change shape, the handler still stops recording.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from typing import Any, ClassVar
+
+from lightning_langchain.handler import LightningCallbackHandler
+from lightning_langchain.routing import patch_chat_openai, unpatch_chat_openai
+from lightning_rl.plugins import Instrumentor
+from lightning_rl.roles import RoleSelector, RoleSpec
+
+__all__ = ["LangChainInstrumentor", "instrument", "uninstrument", "current_handler"]
+
+_log = logging.getLogger(__name__)
+
+
+class LangChainInstrumentor(Instrumentor):
+    """The Lightning plugin for LangChain / LangGraph (entry point ``langchain``).
+
+    ``instrument(trainable=..., route=True)``: ``route=False`` leaves ``ChatOpenAI`` clients
+    alone (when the model is already pointed at the rollout, e.g. built per rollout from
+    ``llm.base_url``); roles and tools are recorded either way.
+    """
+
+    name: ClassVar[str] = "langchain"
+    framework: ClassVar[str] = "langchain-core"
+    supported: ClassVar[str] = ">=1.0,<2"
+    install_hint: ClassVar[str] = "pip install 'lightning-langchain[langchain]'"
+
+    _handler: LightningCallbackHandler | None = None
+    _hook_var: contextvars.ContextVar[LightningCallbackHandler | None] | None = None
+    _routed: bool = False
+
+    @property
+    def handler(self) -> LightningCallbackHandler | None:
+        """The registered handler while instrumented, else None."""
+        return self._handler
+
+    def _instrument(self, **kwargs: Any) -> None:
+        from langchain_core.tracers.context import register_configure_hook
+
+        route = bool(kwargs.pop("route", True))
+        if kwargs:
+            raise TypeError(f"unknown option(s) for the langchain plugin: {sorted(kwargs)}; the only one is route=.")
+        handler = LightningCallbackHandler(self.is_trainable)
+        # A fresh variable per instrument(): its default is the handler, visible in every context.
+        var: contextvars.ContextVar[LightningCallbackHandler | None] = contextvars.ContextVar(
+            "lightning_langchain_handler", default=handler
+        )
+        register_configure_hook(var, inheritable=True)
+        self._handler, self._hook_var = handler, var
+        self._routed = route and patch_chat_openai()
+
+    def _uninstrument(self) -> None:
+        if self._handler is not None:
+            self._handler.enabled = False
+        if self._hook_var is not None:
+            _unregister(self._hook_var)
+        if self._routed:
+            unpatch_chat_openai()
+        self._handler, self._hook_var, self._routed = None, None, False
+
+
+def _unregister(var: contextvars.ContextVar[Any]) -> None:
+    try:
+        from langchain_core.tracers import context
+
+        hooks: list[Any] = context._configure_hooks  # pyright: ignore[reportPrivateUsage]
+        hooks[:] = [entry for entry in hooks if entry[0] is not var]
+    except Exception:  # the handler is disabled anyway
+        _log.debug("could not remove the LangChain configure hook; the handler is disabled instead", exc_info=True)
+
+
+def instrument(trainable: RoleSpec | RoleSelector = None, **kwargs: Any) -> LangChainInstrumentor:
+    """Instrument LangChain/LangGraph for training (idempotent); see :class:`LangChainInstrumentor`.
+
+    Args:
+        trainable: Roles to train (names, a regex or a predicate); None lets the trainer decide.
+            A ``lightning_trainable`` flag set on a runnable (``as_role(..., trainable=)``) wins.
+        **kwargs: ``check_version=`` (default True) and ``route=`` (default True).
+    """
+    return LangChainInstrumentor().instrument(trainable=trainable, **kwargs)
+
+
+def uninstrument() -> None:
+    """Undo :func:`instrument`: the handler is unregistered and ``ChatOpenAI`` is restored."""
+    LangChainInstrumentor().uninstrument()
+
+
+def current_handler() -> LightningCallbackHandler | None:
+    """The globally registered handler, or None when not instrumented."""
+    return LangChainInstrumentor().handler

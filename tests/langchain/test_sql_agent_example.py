@@ -1,0 +1,108 @@
+"""The LangGraph SQL agent example (examples/sql_agent) trains for a few steps and writes its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sqlite3
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from lightning_langchain import LangChainInstrumentor
+from lightning_rl import semconv
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sql_agent"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"sql_agent_example_{name}", EXAMPLE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def train_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    return _load("train")
+
+
+def test_help_documents_cpu_and_gpu_use(train_module: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        train_module.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--device" in text and "cpu" in text.lower() and "cuda" in text and "Qwen/Qwen2.5-0.5B-Instruct" in text
+
+
+def test_the_example_trains_writer_and_rewriter_only_and_records_sql_errors(
+    train_module: ModuleType, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
+    argv = ["--steps", "2", "--batch-size", "2", "--group-size", "2", "--n-train", "4", "--n-val", "2"]
+    argv += ["--warm-start-steps", "2", "--max-tokens", "16", "--quiet", "--out", str(out)]
+    result = train_module.main(argv)
+    assert result is not None
+    assert not LangChainInstrumentor().is_instrumented  # main() cleans up after itself
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["train/n_rollouts"] == 4 and r["train/failed_rollouts"] == 0 for r in train)
+
+    spans = asyncio.run(_spans(out / "store.sqlite"))
+    calls = [s for s in spans if s.name == semconv.SPAN_LLM_CALL and "-s" in s.rollout_id]
+    roles = Counter(s.attributes.get(semconv.ROLE) for s in calls)
+    assert set(roles) <= {"writer", "checker", "rewriter"} and roles["writer"] == 8 and roles["checker"] >= 8
+    # only the writer's and rewriter's calls became transitions
+    assert sum(r["train/n_transitions"] for r in train) == roles["writer"] + roles["rewriter"]
+    declared = {s.attributes[semconv.ROLE]: s.attributes[semconv.TRAINABLE] for s in spans if s.name == "agent"}
+    assert declared["writer"] is True and declared["checker"] is False and declared.get("rewriter", True) is True
+    # every SQL execution was recorded as a tool span of the role that wrote the query
+    tools = [s for s in spans if s.name == semconv.SPAN_TOOL]
+    assert tools and {s.attributes[semconv.ROLE] for s in tools} <= {"writer", "rewriter"}
+    assert all(s.attributes[semconv.GEN_AI_TOOL_NAME] == "execute_sql" for s in tools)
+
+
+async def _spans(path: Path) -> list[Any]:
+    from lightning_rl.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(path)
+    try:
+        return await store.query_spans()
+    finally:
+        await store.close()
+
+
+def test_tasks_have_gold_queries_that_run_and_the_spider_loader_reads_spider_layout(tmp_path: Path) -> None:
+    data = _load("sql_data")
+    db = data.build_database(tmp_path / "company.sqlite")
+    tasks = data.make_tasks(30, db, seed=1)
+    assert len({t["question"] for t in tasks}) > 5
+    for task in tasks:
+        assert data.run_query(task["db_path"], task["gold_sql"])  # every gold query returns rows
+        assert data.execution_match(db, task["gold_sql"], task["gold_sql"])
+    assert not data.execution_match(db, "SELECT * FROM nowhere", tasks[0]["gold_sql"])
+
+    # a folder laid out like Spider: <split>.json + database/<db_id>/<db_id>.sqlite
+    spider = tmp_path / "spider"
+    (spider / "database" / "shop").mkdir(parents=True)
+    with sqlite3.connect(spider / "database" / "shop" / "shop.sqlite") as conn:
+        conn.execute("CREATE TABLE items (id INTEGER, price REAL)")
+    entries = [
+        {"db_id": "shop", "question": "How many items?", "query": "SELECT count(*) FROM items"},
+        {"db_id": "missing", "question": "?", "query": "SELECT 1"},
+    ]
+    (spider / "dev.json").write_text(json.dumps(entries))
+    [task] = data.load_spider(spider, "dev")
+    assert task["question"] == "How many items?" and "CREATE TABLE items" in task["schema"]
+    assert data.execution_match(task["db_path"], "SELECT COUNT(*) FROM items", task["gold_sql"])
+    with pytest.raises(FileNotFoundError, match="train_spider.json"):
+        data.load_spider(spider, "train_spider")
