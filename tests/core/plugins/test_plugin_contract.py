@@ -232,3 +232,48 @@ async def test_calls_without_a_role_stay_out_once_a_plugin_declared_roles() -> N
         assert [t.role for t in adapted.transitions] == ["writer"] and adapted.n_untrainable == 1
         assert len((await h.adapt(claim, trainable="all")).transitions) == 2
         await client.close()
+
+
+@pytest.mark.parametrize("role", ["Sales/Marketing Lead", "Rédacteur en chef", "senior writer"])
+async def test_free_text_roles_are_routed_and_recorded_exactly(role: str) -> None:
+    """CrewAI roles and agent names are free text: slashes, spaces and non-ASCII included."""
+    async with GatewayHarness(script=["ok"]) as h:
+        client = openai.AsyncOpenAI(
+            base_url="https://example.invalid/v1", api_key="k", http_client=routed_async_client(role=role)
+        )
+        async with h.attempt() as claim:
+            r = await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert r.choices[0].message.content == "ok"
+        [call] = [s for s in await h.spans(claim) if s.name == semconv.SPAN_LLM_CALL]
+        assert call.attributes[semconv.ROLE] == role
+        await client.close()
+
+
+async def test_marking_one_role_untrainable_leaves_the_undeclared_ones_trained() -> None:
+    async with GatewayHarness(script=["draft", "check"]) as h:
+        client = openai.AsyncOpenAI(
+            base_url="https://example.invalid/v1", api_key="k", http_client=routed_async_client()
+        )
+        async with h.attempt() as claim:
+            with acting_as("draft"):
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+            r = await client.chat.completions.create(model="m", messages=MESSAGES)
+            record_role("checker", response_id=r.id, trainable=False)
+        adapted = await h.adapt(claim)
+        assert [t.role for t in adapted.transitions] == ["draft"] and adapted.n_untrainable == 1
+        await client.close()
+
+
+def test_a_plugin_whose_framework_is_missing_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    from lightning_rl.plugins import registry
+
+    ghost = metadata.EntryPoint(
+        name="ghost", value="no_such_framework_module_xyz:Ghost", group=registry.ENTRY_POINT_GROUP
+    )
+    monkeypatch.setattr(registry, "available_plugins", lambda: {"ghost": ghost})
+    with pytest.raises(IncompatibleFrameworkError, match=r"pip install 'lightning-ghost\[ghost\]'"):
+        load_plugin("ghost")
+    [info] = registry.describe_plugins()  # listed, not raised: one broken plugin hides no other
+    assert info.name == "ghost" and not info.ok and "cannot load" in info.framework

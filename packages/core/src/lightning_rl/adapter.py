@@ -136,8 +136,8 @@ def adapt_attempt(
 
     ``spans`` must be the attempt's spans in store order; other attempts' spans are ignored.
     ``trainable=None`` follows the plugin's declarations (``lightning.trainable`` on its role spans):
-    when the attempt has any, only calls of roles declared trainable are kept; when it has none,
-    every call is. Any other value decides alone.
+    a declared role follows its flag; any other call is kept only if no role was declared trainable.
+    Any other value decides alone.
     """
     selector = None if trainable is None else RoleSelector.of(trainable)
     own = sorted((s for s in spans if s.attempt_id == attempt_id), key=lambda s: s.seq)
@@ -208,12 +208,12 @@ def adapt_attempt(
         reward = weight(signal) if callable(weight) else weight * signal.value
         transitions[index].reward += float(reward)
 
-    if selector is None and declared:
-        # A plugin with a trainable selection ran: train what it declared trainable, nothing else
-        # (a crew's planning calls or an un-instrumented client have no role and stay out).
-        kept = [t for t in transitions if t.role is not None and declared.get(t.role, False)]
-    elif selector is None:
-        kept = transitions
+    if selector is None:
+        # Declared roles follow their flag. The rest (no role, or never declared) train only when
+        # no role was declared trainable: naming what trains excludes everything else (a crew's
+        # planning calls), while only marking some role untrainable leaves the others trained.
+        default = not any(declared.values())
+        kept = [t for t in transitions if (declared[t.role] if t.role in declared else default)]
     else:
         kept = [t for t in transitions if selector(t.role)]
     result.n_untrainable = len(transitions) - len(kept)

@@ -13,11 +13,13 @@ call becomes a tool span (an AIR ``tool_success`` / ``tool_error`` signal) joine
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning_openai_agents._processor import LightningTracingProcessor
 from lightning_openai_agents.instrumentor import OpenAIAgentsInstrumentor
 from lightning_rl.roles import RoleSelector, RoleSpec
+
+if TYPE_CHECKING:
+    from lightning_openai_agents._processor import LightningTracingProcessor
 
 __all__ = ["OpenAIAgentsInstrumentor", "LightningTracingProcessor", "instrument", "uninstrument"]
 
@@ -32,3 +34,13 @@ def instrument(
 def uninstrument() -> None:
     """Undo :func:`instrument` (idempotent): the SDK behaves exactly as before."""
     OpenAIAgentsInstrumentor().uninstrument()
+
+
+def __getattr__(name: str) -> Any:
+    # The processor imports the SDK: load it on first use, so this package imports (and reports a
+    # missing or unsupported SDK through instrument()) without it.
+    if name == "LightningTracingProcessor":
+        from lightning_openai_agents._processor import LightningTracingProcessor
+
+        return LightningTracingProcessor
+    raise AttributeError(f"module 'lightning_openai_agents' has no attribute {name!r}")

@@ -113,7 +113,7 @@ class LightningTracingProcessor(TracingProcessor):
         self._lock = threading.Lock()
         self._parent: dict[str, str | None] = {}  # span id -> parent span id
         self._agent: dict[str, str] = {}  # agent span id -> agent name
-        self._by_trace: dict[str, list[str]] = {}  # trace id -> its span ids (dropped at trace end)
+        self._by_trace: dict[str, set[str]] = {}  # trace id -> its live span ids (for spans never ended)
         self._pending: dict[str, list[ToolCallRef]] = {}  # turn (parent) span id -> unclaimed tool calls
 
     # --- lookups --------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ class LightningTracingProcessor(TracingProcessor):
 
     @property
     def tracked_spans(self) -> int:
-        """How many spans are remembered (all are forgotten when their trace ends)."""
+        """How many spans are remembered (each is forgotten when it ends, or when its trace ends)."""
         with self._lock:
             return len(self._parent)
 
@@ -152,7 +152,7 @@ class LightningTracingProcessor(TracingProcessor):
     @guarded
     def on_trace_end(self, trace: Trace) -> None:
         with self._lock:
-            for span_id in self._by_trace.pop(trace.trace_id, []):
+            for span_id in self._by_trace.pop(trace.trace_id, set()):
                 self._parent.pop(span_id, None)
                 self._agent.pop(span_id, None)
                 self._pending.pop(span_id, None)
@@ -161,7 +161,7 @@ class LightningTracingProcessor(TracingProcessor):
     def on_span_start(self, span: Span[Any]) -> None:
         with self._lock:
             self._parent[span.span_id] = span.parent_id
-            self._by_trace.setdefault(span.trace_id, []).append(span.span_id)
+            self._by_trace.setdefault(span.trace_id, set()).add(span.span_id)
             data = span.span_data
             if isinstance(data, AgentSpanData):
                 self._agent[span.span_id] = data.name
@@ -177,6 +177,21 @@ class LightningTracingProcessor(TracingProcessor):
             self._model_call_ended(span, response_id, _calls_from_items([response] if response is not None else None))
         elif isinstance(data, FunctionSpanData):
             self._tool_ended(span, data)
+        self._forget(span)
+
+    @guarded
+    def _forget(self, span: Span[Any]) -> None:
+        """Drop an ended span: its children ended before it, so nothing asks about it any more.
+        (One trace may wrap a whole training loop; waiting for its end would grow without bound.)"""
+        with self._lock:
+            self._parent.pop(span.span_id, None)
+            self._agent.pop(span.span_id, None)
+            self._pending.pop(span.span_id, None)
+            live = self._by_trace.get(span.trace_id)
+            if live is not None:
+                live.discard(span.span_id)
+                if not live:
+                    del self._by_trace[span.trace_id]
 
     def shutdown(self) -> None:
         with self._lock:

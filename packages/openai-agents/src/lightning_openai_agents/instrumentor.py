@@ -15,13 +15,15 @@ Roles are agent names (``Agent(name=...)``), so ``trainable=["answerer"]`` train
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from agents.tracing import TracingProcessor, get_trace_provider, set_trace_processors
-
-from lightning_openai_agents._processor import LightningTracingProcessor
-from lightning_openai_agents._routing import ModelRouting
 from lightning_rl.plugins import Instrumentor
+
+if TYPE_CHECKING:  # the SDK is imported on instrument(), after the version check
+    from agents.tracing import TracingProcessor
+
+    from lightning_openai_agents._processor import LightningTracingProcessor
+    from lightning_openai_agents._routing import ModelRouting
 
 __all__ = ["OpenAIAgentsInstrumentor"]
 
@@ -30,6 +32,8 @@ _log = logging.getLogger(__name__)
 
 def _installed_processors() -> list[TracingProcessor] | None:
     """The SDK's current processor list, or None if this SDK version hides it."""
+    from agents.tracing import get_trace_provider
+
     multi = getattr(get_trace_provider(), "_multi_processor", None)
     processors = getattr(multi, "_processors", None)
     return None if processors is None else list(processors)
@@ -54,7 +58,7 @@ class OpenAIAgentsInstrumentor(Instrumentor):
 
     name: ClassVar[str] = "openai-agents"
     framework: ClassVar[str] = "openai-agents"
-    supported: ClassVar[str] = ">=0.20,<1"
+    supported: ClassVar[str] = ">=0.20,<0.25"  # verified on 0.20 and 0.24; it reads SDK internals
     install_hint: ClassVar[str] = "pip install 'lightning-openai-agents[openai-agents]'"
 
     _processor: LightningTracingProcessor | None = None
@@ -74,6 +78,11 @@ class OpenAIAgentsInstrumentor(Instrumentor):
     def _instrument(self, *, route: bool = True, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"unknown option(s) for the openai-agents plugin: {sorted(kwargs)}; known: route")
+        from agents.tracing import TracingProcessor, get_trace_provider, set_trace_processors
+
+        from lightning_openai_agents._processor import LightningTracingProcessor
+        from lightning_openai_agents._routing import ModelRouting
+
         processor = LightningTracingProcessor(self.is_trainable)
         current = _installed_processors()
         if current is None:  # cannot see the list: add ours, leave the rest as it is
@@ -92,6 +101,8 @@ class OpenAIAgentsInstrumentor(Instrumentor):
             self._routing.install()
 
     def _uninstrument(self) -> None:
+        from agents.tracing import set_trace_processors
+
         if self._routing is not None:
             self._routing.uninstall()
             self._routing = None

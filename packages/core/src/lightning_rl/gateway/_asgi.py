@@ -36,8 +36,8 @@ _JSON_HEADER = (b"content-type", b"application/json")
 def match_call(path: str) -> tuple[CallKind, str | None, str | None, str | None] | None:
     """``(kind, rollout_id, attempt_id, role)`` when ``path`` is a model-call route, else ``None``.
 
-    Accepts exactly the paths FastAPI routes for them: ``[/rollouts/R[/attempts/A[/roles/ROLE]]]/v1/<api>``,
-    every segment non-empty.
+    Accepts the paths FastAPI routes for them: ``[/rollouts/R[/attempts/A[/roles/ROLE]]]/v1/<api>``,
+    every segment non-empty; ROLE may itself contain ``/``.
     """
     head, sep, tail = path.rpartition("/v1/")
     if not sep:
@@ -49,17 +49,19 @@ def match_call(path: str) -> tuple[CallKind, str | None, str | None, str | None]
         return kind, None, None, None
     parts = head.split("/")
     n = len(parts)
-    if n not in (3, 5, 7) or parts[0] or parts[1] != "rollouts" or not parts[2]:
+    if n not in (3, 5) and n < 7 or parts[0] or parts[1] != "rollouts" or not parts[2]:
         return None
     attempt = role = None
     if n >= 5:
         if parts[3] != "attempts" or not parts[4]:
             return None
         attempt = parts[4]
-    if n == 7:
-        if parts[5] != "roles" or not parts[6]:
+    if n >= 7:
+        # A role is free text ("Sales/Marketing Lead" in CrewAI): the ASGI path arrives decoded,
+        # so a quoted "/" in it is a separator again; everything between /roles/ and /v1/ is the role.
+        role = "/".join(parts[6:])
+        if parts[5] != "roles" or not role:
             return None
-        role = parts[6]
     return kind, parts[2], attempt, role
 
 

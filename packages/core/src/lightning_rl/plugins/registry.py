@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import metadata
 
+from lightning_rl.errors import IncompatibleFrameworkError
 from lightning_rl.plugins.base import Instrumentor, framework_version, version_in_range
 
 __all__ = ["ENTRY_POINT_GROUP", "PluginInfo", "available_plugins", "load_plugin", "describe_plugins"]
@@ -30,6 +31,7 @@ def load_plugin(name: str) -> Instrumentor:
 
     Raises:
         LookupError: No plugin of that name is installed (the message lists those that are).
+        IncompatibleFrameworkError: The plugin's framework is missing (an ``ImportError``).
         TypeError: The entry point does not name an ``Instrumentor`` subclass.
     """
     plugins = available_plugins()
@@ -38,7 +40,13 @@ def load_plugin(name: str) -> Instrumentor:
         raise LookupError(
             f"no Lightning plugin named {name!r} is installed (installed: {known}); pip install lightning-{name}"
         )
-    cls = plugins[name].load()
+    try:
+        cls = plugins[name].load()
+    except ImportError as exc:  # the plugin is installed, its framework (an extra) is not
+        raise IncompatibleFrameworkError(
+            f"the {name} plugin cannot be imported ({exc}); install it with its framework: "
+            f"pip install 'lightning-{name}[{name}]'"
+        ) from exc
     if not (isinstance(cls, type) and issubclass(cls, Instrumentor)):
         raise TypeError(
             f"entry point {name!r} of group {ENTRY_POINT_GROUP!r} must name an Instrumentor subclass, got {cls!r}."
@@ -64,6 +72,10 @@ def describe_plugins() -> list[PluginInfo]:
     """Every installed plugin with its framework's installed version and supported range."""
     out: list[PluginInfo] = []
     for name in sorted(available_plugins()):
-        plugin = load_plugin(name)
+        try:
+            plugin = load_plugin(name)
+        except Exception as exc:  # one broken plugin must not hide the others
+            out.append(PluginInfo(name, f"(cannot load: {type(exc).__name__}: {exc})", "", None))
+            continue
         out.append(PluginInfo(name, plugin.framework, plugin.supported, framework_version(plugin.framework)))
     return out

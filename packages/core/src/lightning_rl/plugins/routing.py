@@ -72,9 +72,10 @@ class Route:
 
     @property
     def headers(self) -> dict[str, str]:
-        """The ``X-Lightning-*`` headers naming the attempt (and role)."""
+        """The ``X-Lightning-*`` headers naming the attempt (and role, when it is plain ASCII:
+        HTTP headers cannot carry other text, and the role URL already names it exactly)."""
         out = {"X-Lightning-Rollout": self.rollout_id, "X-Lightning-Attempt": self.attempt_id}
-        if self.role:
+        if self.role and self.role.isascii() and self.role.isprintable():
             out["X-Lightning-Role"] = self.role
         return out
 
@@ -131,13 +132,14 @@ def route_request(request: httpx.Request, role: RoleSource = None) -> bool:
     route = current_route(role)
     if route is None:
         return False
+    # Build everything first, then change the request: a failure leaves it untouched, never half-routed.
     # Same URL class as the request's: openai 3.x sends through ``httpx2``, whose types differ.
     url_type: Any = type(request.url)
     target = url_type(route.base_url.rstrip("/") + _endpoint(request.url.path))
-    request.url = target.copy_with(query=request.url.query or None)
-    request.headers["Host"] = request.url.netloc.decode("ascii")
-    request.headers["Authorization"] = f"Bearer {route.api_key}"
-    request.headers.update(route.headers)
+    target = target.copy_with(query=request.url.query or None)
+    headers = {"Host": target.netloc.decode("ascii"), "Authorization": f"Bearer {route.api_key}", **route.headers}
+    request.url = target
+    request.headers.update(headers)
     return True
 
 
