@@ -253,3 +253,28 @@ async def test_per_run_provider_and_default_placeholder_model_are_routed(plugin:
         assert result.final_output == "answer: note about q4"
         assert [t.role for t in (await h.adapt(claim)).transitions] == ["answerer", "answerer"]
         await http.aclose()
+
+
+async def test_one_long_trace_keeps_no_span_state_and_a_hooked_client_is_untouched_after_the_rollout(
+    client: openai.AsyncOpenAI, plugin: OpenAIAgentsInstrumentor
+) -> None:
+    """A user may wrap a whole training loop in one ``trace()``: the processor must not grow with it.
+    And the client hooked during a rollout goes back to its own endpoint once the rollout is over."""
+    from agents import trace
+
+    processor = plugin.processor
+    assert processor is not None
+    async with GatewayHarness(responder=responder) as h:
+        agent = agents_for("chat_completions", client)
+        with trace("training loop"):
+            for i in range(3):
+                async with h.attempt(task_input=i) as claim:
+                    await Runner.run(agent, f"question {i}")
+                assert len((await h.adapt(claim, trainable="all")).transitions) == 3
+                assert processor.tracked_spans <= 2  # the open trace's own agent span at most, never growing
+        routing = plugin.routing
+        assert routing is not None and routing.hooked_clients >= 1
+        upstream_calls = len(h.upstream.requests)
+        with pytest.raises(openai.APIConnectionError):  # its own (unreachable) endpoint, not the gateway
+            await Runner.run(agent, "after training")
+        assert len(h.upstream.requests) == upstream_calls

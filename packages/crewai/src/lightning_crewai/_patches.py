@@ -96,10 +96,16 @@ def _wrap_call(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         role = agent_role_of_call(args, kwargs)
-        if role is None:
-            return original(self, *args, **kwargs)
-        with acting_as(role):
-            return original(self, *args, **kwargs)
+        # A model call starts a new context for tools: an outer tool's call id (a coworker
+        # delegated to from inside a tool) must not be claimed by the tools this call leads to.
+        token = _tool_call_id.set(None)
+        try:
+            if role is None:
+                return original(self, *args, **kwargs)
+            with acting_as(role):
+                return original(self, *args, **kwargs)
+        finally:
+            _tool_call_id.reset(token)
 
     return call
 
@@ -108,10 +114,14 @@ def _wrap_acall(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def acall(self: Any, *args: Any, **kwargs: Any) -> Any:
         role = agent_role_of_call(args, kwargs)
-        if role is None:
-            return await original(self, *args, **kwargs)
-        with acting_as(role):
-            return await original(self, *args, **kwargs)
+        token = _tool_call_id.set(None)  # as in call(): no outer tool's id leaks into this call's tools
+        try:
+            if role is None:
+                return await original(self, *args, **kwargs)
+            with acting_as(role):
+                return await original(self, *args, **kwargs)
+        finally:
+            _tool_call_id.reset(token)
 
     return acall
 

@@ -154,7 +154,8 @@ class LightningCallbackHandler(BaseCallbackHandler):
         self._llm_runs: _Bounded[UUID, RoleInfo] = _Bounded()
         self._tool_runs: _Bounded[UUID, _ToolRun] = _Bounded()
         self._chain_runs: _Bounded[UUID, RoleInfo] = _Bounded()
-        self._role_of_tool_call: _Bounded[str, str] = _Bounded()
+        # (attempt, tool-call id) -> role: some tool parsers reuse ids across rollouts ("add:0").
+        self._role_of_tool_call: _Bounded[tuple[str, str], str] = _Bounded()
         # Exceptions already recorded (by id; the object is kept so the id stays unique). Exceptions
         # take no weak references, hence a small bounded map.
         self._recorded: _Bounded[int, BaseException] = _Bounded(256)
@@ -199,9 +200,10 @@ class LightningCallbackHandler(BaseCallbackHandler):
         info = self._llm_runs.pop(run_id)
         if info is None or not self._active():
             return
-        if info.role is not None:
+        ctx = current_rollout()
+        if info.role is not None and ctx is not None:
             for call_id in _tool_call_ids(response):
-                self._role_of_tool_call.put(call_id, info.role)
+                self._role_of_tool_call.put((ctx.attempt_id, call_id), info.role)
         rid = response_id(response)
         record_role(
             info.role,
@@ -253,7 +255,8 @@ class LightningCallbackHandler(BaseCallbackHandler):
         call_id = tool_call_id if isinstance(tool_call_id, str) and tool_call_id else None
         # The role of the call that asked for the tool; else the role of where the tool runs
         # (a tool called from inside a "writer" node belongs to the writer).
-        role = self._role_of_tool_call.get(call_id) if call_id else None
+        ctx = current_rollout()
+        role = self._role_of_tool_call.get((ctx.attempt_id, call_id)) if call_id and ctx is not None else None
         if role is None:
             role = resolve_role(metadata, tags).role
         name = str((serialized or {}).get("name") or "tool")

@@ -78,7 +78,7 @@ class OpenAIAgentsInstrumentor(Instrumentor):
     def _instrument(self, *, route: bool = True, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"unknown option(s) for the openai-agents plugin: {sorted(kwargs)}; known: route")
-        from agents.tracing import TracingProcessor, get_trace_provider, set_trace_processors
+        from agents.tracing import get_trace_provider, set_trace_processors
 
         from lightning_openai_agents._processor import LightningTracingProcessor
         from lightning_openai_agents._routing import ModelRouting

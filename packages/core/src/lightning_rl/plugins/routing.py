@@ -98,10 +98,11 @@ def acting_as(role: str | None) -> Generator[None]:
 def _resolve(role: RoleSource) -> str | None:
     if callable(role):
         try:
-            return role()
+            found = role()
         except Exception:  # a plugin's role lookup must never fail the user's call
             _log.debug("role lookup failed; call left unattributed", exc_info=True)
-            return None
+            found = None
+        return found or _role.get()
     return role or _role.get()
 
 
