@@ -1,8 +1,10 @@
 """The crew example trains end to end for a few steps on the tiny model and writes its metrics.
 
-It runs ``examples/crew_agent/train.py`` as a user would (its ``main`` with small settings): real
-CrewAI crews, the plugin, the gateway, the store and the torch backend. Only the researcher is
-trainable, so the writer's calls must be counted as untrainable and never become transitions.
+It runs ``examples/crew_agent/train.py`` as a user would (its ``main`` with small settings): a short
+supervised warm start on demonstrations captured from the real crew, then real CrewAI crews, the
+plugin, the gateway, the store and the torch backend. Only the researcher is trainable, so the
+writer's calls must be counted as untrainable and never become transitions; and the warm-started
+model must give GRPO something to learn from (a step that updates on non-zero advantages).
 """
 
 from __future__ import annotations
@@ -50,17 +52,20 @@ def _roles(run_dir: Path) -> list[str | None]:
 
 def test_the_crew_example_trains_a_few_steps_and_writes_metrics(train_module: ModuleType, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    argv = ["--steps", "2", "--batch-size", "2", "--group-size", "2", "--max-tokens", "8"]
-    result = train_module.main([*argv, "--n-train", "4", "--n-val", "0", "--out", str(run_dir), "--quiet"])
+    argv = ["--steps", "2", "--batch-size", "2", "--group-size", "3", "--warm-start-steps", "80"]
+    result = train_module.main([*argv, "--n-train", "8", "--n-val", "0", "--out", str(run_dir), "--quiet"])
     assert result is not None and math.isfinite(result)
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "train/reward_mean" in r]
     assert [r["step"] for r in train] == [1, 2]
     for row in train:
-        assert row["train/n_rollouts"] == 4 and row["train/failed_rollouts"] == 0
+        assert row["train/n_rollouts"] == 6 and row["train/failed_rollouts"] == 0
         # each crew made researcher calls (trained) and writer calls (recorded, not trained)
-        assert row["train/n_transitions"] >= 4 and row["train/untrainable_calls"] >= 4
+        assert row["train/n_transitions"] >= 6 and row["train/untrainable_calls"] >= 6
+    # the warm start left the rewards uneven within a group, so some transitions carry an advantage
+    assert any(r["train/n_updated_transitions"] > 0 for r in train)
+    assert (run_dir / "warm_start" / "warm_start.json").is_file()
     assert (run_dir / "reward_curve.png").stat().st_size > 0
     roles = _roles(run_dir)
     assert set(roles) == {"Researcher", "Writer"}  # every gateway call carries its exact role
