@@ -11,7 +11,7 @@ transformers unless it is a local folder)::
         --steps 50 --batch-size 16 --group-size 8 --max-tokens 256
 
 With the tiny model, ``--warm-start-steps`` first fine-tunes it (supervised) on demonstrations
-captured from the real crew (``warm_start.py``): a sloppy demonstrator who looks the price up on
+captured from the real crew (``crew_warm_start.py``): a sloppy demonstrator who looks the price up on
 only ``--tool-rate`` of the questions, so RL starts from a model that can use its tool but often
 does not. A real instruction-tuned model needs no warm start. The run folder gets ``metrics.jsonl``
 (one row per step: reward, loss, ...) and ``reward_curve.png``.
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from crew_agent import RESEARCHER, crew_agent  # noqa: E402
 from crew_tasks import make_tasks  # noqa: E402
-from warm_start import warm_start  # noqa: E402
+from crew_warm_start import warm_start  # noqa: E402
 
 from lightning_crewai import CrewAIInstrumentor  # noqa: E402
 from lightning_rl.backends.torch_backend import TorchBackendConfig  # noqa: E402

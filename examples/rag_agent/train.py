@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> float | None:
 
         model = str(resolve_model("tiny"))
         if args.warm_start_steps > 0:
-            from warm_start import warm_start
+            from rag_warm_start import warm_start
 
             model = str(
                 warm_start(Path(model), Path(args.out) / "warm_start", train_q, args.warm_start_steps, args.seed)
