@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from lightning_rl.backends.torch_backend import TorchBackend
 from lightning_rl.store.base import LightningStore
 from lightning_rl.trainer.config import TrainerConfig
 
-__all__ = ["Services", "start_services", "resolve_model"]
+__all__ = ["Services", "start_services", "serving_rollouts", "resolve_model"]
 
 
 @dataclass
@@ -59,14 +59,51 @@ def resolve_model(model: str, cache_dir: Path | None = None) -> Path:
 
 
 @contextlib.asynccontextmanager
+async def serving_rollouts(
+    config: TrainerConfig,
+    agent: AgentFn | None,
+    store: LightningStore,
+    app: Any,
+    services: Callable[[str], Services],
+    on_serving: Callable[[], Awaitable[object]] | None = None,
+) -> AsyncGenerator[Services]:
+    """Serve the gateway ``app`` on loopback and run the in-process runner (unless ``concurrency=0``)
+    for as long as the block runs; the shared part of every backend's services.
+
+    ``services(url)`` builds what the trainer sees; ``on_serving`` runs once the gateway answers
+    (VeRL wakes its replicas there). On exit the runner gets ``rollout_timeout_s`` + 10 s to finish.
+    """
+    from lightning_rl.gateway.server import running_gateway
+    from lightning_rl.runner import Runner
+
+    runner = None
+    if config.concurrency > 0:
+        if agent is None:
+            raise ValueError("fit() needs the agent when the trainer runs it (concurrency > 0).")
+        runner = Runner(store, agent, concurrency=config.concurrency, poll_interval_s=0.05, heartbeat_interval_s=5.0)
+    stop = asyncio.Event()
+    async with running_gateway(app) as url:
+        if on_serving is not None:
+            await on_serving()
+        runner_task = asyncio.create_task(runner.run(stop), name="lightning-runner") if runner else None
+        try:
+            yield services(url)
+        finally:
+            stop.set()
+            if runner_task is not None:
+                try:
+                    await asyncio.wait_for(runner_task, timeout=config.rollout_timeout_s + 10)
+                except TimeoutError:
+                    runner_task.cancel()
+
+
+@contextlib.asynccontextmanager
 async def start_services(config: TrainerConfig, agent: AgentFn | None) -> AsyncGenerator[Services]:
     import torch
     from transformers import AutoModelForCausalLM
 
     from lightning_rl.engine.hf import TransformersEngine
     from lightning_rl.gateway import create_gateway_app
-    from lightning_rl.gateway.server import running_gateway
-    from lightning_rl.runner import Runner
     from lightning_rl.store.sqlite import SQLiteStore
 
     run_dir = Path(config.run_dir)
@@ -86,33 +123,22 @@ async def start_services(config: TrainerConfig, agent: AgentFn | None) -> AsyncG
         version=engine.version,
     )
     app = create_gateway_app(engine, store=store)
-    stop = asyncio.Event()
-    runner = None
-    if config.concurrency > 0:
-        if agent is None:
-            raise ValueError("fit() needs the agent when the trainer runs it (concurrency > 0).")
-        runner = Runner(store, agent, concurrency=config.concurrency, poll_interval_s=0.05, heartbeat_interval_s=5.0)
+
+    def services(url: str) -> Services:
+        return Services(
+            store=store,
+            backend=backend,
+            engine=engine,
+            gateway=app.state.gateway,
+            gateway_url=url,
+            model_name=engine.model_name,
+            run_id=uuid.uuid4().hex[:8],
+            console=Console(),
+        )
+
     try:
-        async with running_gateway(app) as url:
-            runner_task = asyncio.create_task(runner.run(stop), name="lightning-runner") if runner else None
-            try:
-                yield Services(
-                    store=store,
-                    backend=backend,
-                    engine=engine,
-                    gateway=app.state.gateway,
-                    gateway_url=url,
-                    model_name=engine.model_name,
-                    run_id=uuid.uuid4().hex[:8],
-                    console=Console(),
-                )
-            finally:
-                stop.set()
-                if runner_task is not None:
-                    try:
-                        await asyncio.wait_for(runner_task, timeout=config.rollout_timeout_s + 10)
-                    except TimeoutError:
-                        runner_task.cancel()
+        async with serving_rollouts(config, agent, store, app, services) as svc:
+            yield svc
     finally:
         engine.close()
         await store.close()

@@ -29,7 +29,7 @@ from lightning_rl.agent import AgentFn
 from lightning_rl.backends.verl.backend import VerlBackend, VerlBackendConfig, VerlWorkers
 from lightning_rl.backends.verl.upstream import ReplicaUpstream
 from lightning_rl.trainer import Trainer, TrainerConfig
-from lightning_rl.trainer.services import Services
+from lightning_rl.trainer.services import Services, serving_rollouts
 
 __all__ = ["verl_services", "VerlTrainer"]
 
@@ -40,8 +40,6 @@ async def verl_services(
 ) -> AsyncGenerator[Services]:
     """Store + gateway over VeRL's vLLM replicas + runner, with a ``VerlBackend`` as the policy backend."""
     from lightning_rl.gateway import create_gateway_app
-    from lightning_rl.gateway.server import running_gateway
-    from lightning_rl.runner import Runner
     from lightning_rl.store.sqlite import SQLiteStore
 
     store = SQLiteStore(Path(config.run_dir) / "store.sqlite")
@@ -52,37 +50,23 @@ async def verl_services(
         await upstream.load_weights(None, version)
 
     backend = VerlBackend(workers, backend_config, version=1, on_publish=tell_gateway)
-    runner = None
-    if config.concurrency > 0:
-        if agent is None:
-            raise ValueError("fit() needs the agent when the trainer runs it (concurrency > 0).")
-        runner = Runner(store, agent, concurrency=config.concurrency, poll_interval_s=0.05, heartbeat_interval_s=5.0)
-    import asyncio
 
-    stop = asyncio.Event()
+    def services(url: str) -> Services:
+        return Services(
+            store=store,
+            backend=backend,
+            engine=None,
+            gateway=app.state.gateway,
+            gateway_url=url,
+            model_name=upstream.model_name,
+            run_id=uuid.uuid4().hex[:8],
+            console=Console(),
+        )
+
     try:
-        async with running_gateway(app) as url:
-            # the replicas sleep after start-up: the first publish wakes them with the actor's weights
-            await backend.publish()
-            runner_task = asyncio.create_task(runner.run(stop), name="lightning-runner") if runner else None
-            try:
-                yield Services(
-                    store=store,
-                    backend=backend,
-                    engine=None,
-                    gateway=app.state.gateway,
-                    gateway_url=url,
-                    model_name=upstream.model_name,
-                    run_id=uuid.uuid4().hex[:8],
-                    console=Console(),
-                )
-            finally:
-                stop.set()
-                if runner_task is not None:
-                    try:
-                        await asyncio.wait_for(runner_task, timeout=config.rollout_timeout_s + 10)
-                    except TimeoutError:
-                        runner_task.cancel()
+        # the replicas sleep after start-up: the first publish wakes them with the actor's weights
+        async with serving_rollouts(config, agent, store, app, services, on_serving=backend.publish) as svc:
+            yield svc
     finally:
         await store.close()
 
