@@ -100,30 +100,10 @@ def warm_start(
     model_dir: Path, out_dir: Path, tasks: Sequence[Task], *, steps: int, tool_rate: float = 0.5, seed: int = 0
 ) -> Path:
     """Fine-tune ``model_dir`` for ``steps`` steps on demonstrations of ``tasks``; saves an HF folder at ``out_dir``."""
-    from transformers import AutoModelForCausalLM
-
-    from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
-    from lightning_rl.engine.hf import TransformersEngine
+    from lightning_rl.trainer.warm_start import sft_on_chats
 
     demos = asyncio.run(demonstrations(tasks, tool_rate=tool_rate, seed=seed))
-    engine = TransformersEngine.from_pretrained(model_dir)
-    try:
-        eos = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        examples = [
-            (
-                engine.encode_chat(messages, tools or None),
-                [*engine.tokenizer.encode(text, add_special_tokens=False), eos],
-            )
-            for messages, tools, text in demos
-        ]
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-        backend = TorchBackend(model, TorchBackendConfig(lr=3e-3, seed=seed))
-        losses = backend.sft(examples, steps=steps, batch_size=8, warmup_steps=min(20, steps), final_lr_fraction=0.1)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir)
-        engine.tokenizer.save_pretrained(out_dir)
-    finally:
-        engine.close()
-    summary = {"final_losses": losses[-10:], "examples": len(examples), "catalogue": len(CATALOGUE)}
+    done = sft_on_chats(model_dir, out_dir, demos, steps=steps, seed=seed)
+    summary = {"final_losses": done.losses[-10:], "examples": done.n_examples, "catalogue": len(CATALOGUE)}
     (out_dir / "warm_start.json").write_text(json.dumps(summary))
     return out_dir

@@ -103,25 +103,10 @@ def _assistant_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[
 
 def warm_start(model_dir: Path, out_dir: Path, questions: Sequence[Question], steps: int, seed: int = 0) -> Path:
     """Fine-tune ``model_dir`` on the demonstrations for ``steps`` steps; saves an HF folder at ``out_dir``."""
-    from transformers import AutoModelForCausalLM
+    from lightning_rl.trainer.warm_start import sft_on_chats
 
-    from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
-    from lightning_rl.engine.hf import TransformersEngine
-
-    engine = TransformersEngine.from_pretrained(model_dir)
-    try:
-        eos = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        examples = [
-            (engine.encode_chat(messages, tools), [*engine.tokenizer.encode(completion, add_special_tokens=False), eos])
-            for messages, tools, completion in demonstrations(questions)
-        ]
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-        backend = TorchBackend(model, TorchBackendConfig(lr=3e-3, seed=seed))
-        losses = backend.sft(examples, steps=steps, batch_size=8, warmup_steps=min(20, steps), final_lr_fraction=0.1)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir)
-        engine.tokenizer.save_pretrained(out_dir)
-    finally:
-        engine.close()
-    (out_dir / "warm_start.json").write_text(json.dumps({"final_losses": losses[-10:], "examples": len(examples)}))
+    done = sft_on_chats(model_dir, out_dir, demonstrations(questions), steps=steps, seed=seed)
+    (out_dir / "warm_start.json").write_text(
+        json.dumps({"final_losses": done.losses[-10:], "examples": done.n_examples})
+    )
     return out_dir
