@@ -72,30 +72,22 @@ def demonstrations(tasks: Sequence[Task], *, tool_rate: float, seed: int) -> lis
 
 def warm_start(model: str, out_dir: Path, tasks: Sequence[Task], *, steps: int, tool_rate: float, seed: int) -> Path:
     """Supervised warm start of ``model`` on demonstrations of ``tasks``; saves an HF folder at ``out_dir``."""
-    from transformers import AutoModelForCausalLM
-
-    from lightning_rl.backends.torch_backend import TorchBackend
-    from lightning_rl.engine.hf import TransformersEngine
     from lightning_rl.trainer.services import resolve_model
+    from lightning_rl.trainer.warm_start import sft_on_chats
 
-    path = resolve_model(model)
-    engine = TransformersEngine.from_pretrained(path)
-    try:
-        eos = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        tools = [tool_schema()]
-        examples = [
-            (engine.encode_chat(chat, tools), [*engine.tokenizer.encode(text, add_special_tokens=False), eos])
-            for chat, text in demonstrations(tasks, tool_rate=tool_rate, seed=seed)
-        ]
-        policy: Any = AutoModelForCausalLM.from_pretrained(path)
-        backend = TorchBackend(policy, TorchBackendConfig(lr=3e-3, seed=seed))
-        losses = backend.sft(examples, steps=steps, batch_size=16, warmup_steps=min(20, steps // 5))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        policy.save_pretrained(out_dir)
-        engine.tokenizer.save_pretrained(out_dir)
-    finally:
-        engine.close()
-    (out_dir / "warm_start.json").write_text(json.dumps({"steps": steps, "final_losses": losses[-5:]}))
+    tools = [tool_schema()]
+    demos = [(chat, tools, text) for chat, text in demonstrations(tasks, tool_rate=tool_rate, seed=seed)]
+    done = sft_on_chats(
+        resolve_model(model),
+        out_dir,
+        demos,
+        steps=steps,
+        seed=seed,
+        batch_size=16,
+        warmup_steps=min(20, steps // 5),
+        final_lr_fraction=1.0,
+    )
+    (out_dir / "warm_start.json").write_text(json.dumps({"steps": steps, "final_losses": done.losses[-5:]}))
     return out_dir
 
 

@@ -123,27 +123,22 @@ def demonstrations(tasks: Sequence[dict[str, Any]], *, seed: int = 0) -> list[tu
 
 def warm_start(model_dir: Path, out_dir: Path, tasks: Sequence[dict[str, Any]], *, steps: int, seed: int) -> Path:
     """Supervised warm start of the tiny model on :func:`demonstrations`; saves an HF folder."""
-    from transformers import AutoModelForCausalLM
+    from lightning_rl.trainer.warm_start import sft_on_chats
 
-    from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
-    from lightning_rl.engine.hf import TransformersEngine
-
-    engine = TransformersEngine.from_pretrained(model_dir)
-    try:
-        eos = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        pairs = [
-            (engine.encode_chat(messages, None), [*engine.tokenizer.encode(reply, add_special_tokens=False), eos])
-            for messages, reply in demonstrations(tasks, seed=seed)
-        ]
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-        backend = TorchBackend(model, TorchBackendConfig(lr=3e-3, seed=seed))
-        losses = backend.sft(pairs, steps=steps, batch_size=16, warmup_steps=min(20, steps // 5))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir)
-        engine.tokenizer.save_pretrained(out_dir)
-    finally:
-        engine.close()
-    (out_dir / "warm_start.json").write_text(json.dumps({"final_losses": losses[-5:], "examples": len(pairs)}))
+    demos = [(messages, None, reply) for messages, reply in demonstrations(tasks, seed=seed)]
+    done = sft_on_chats(
+        model_dir,
+        out_dir,
+        demos,
+        steps=steps,
+        seed=seed,
+        batch_size=16,
+        warmup_steps=min(20, steps // 5),
+        final_lr_fraction=1.0,
+    )
+    (out_dir / "warm_start.json").write_text(
+        json.dumps({"final_losses": done.losses[-5:], "examples": done.n_examples})
+    )
     return out_dir
 
 

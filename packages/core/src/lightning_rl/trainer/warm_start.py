@@ -38,10 +38,13 @@ def sft_on_chats(
     seed: int = 0,
     lr: float = 3e-3,
     batch_size: int = 8,
+    warmup_steps: int | None = None,
+    final_lr_fraction: float = 0.1,
 ) -> WarmStart:
     """Fine-tune ``model_dir`` for ``steps`` steps on ``demos``; save an HF folder at ``out_dir``.
 
-    The learning rate warms up over the first 20 steps, then decays (cosine) to a tenth.
+    The learning rate warms up over ``warmup_steps`` (default ``min(20, steps)``), then decays
+    (cosine) to ``final_lr_fraction`` of ``lr`` (1.0 keeps it constant).
 
     Raises:
         ValueError: ``demos`` is empty.
@@ -63,8 +66,9 @@ def sft_on_chats(
         ]
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
         backend = TorchBackend(model, TorchBackendConfig(lr=lr, seed=seed))
+        warmup = min(20, steps) if warmup_steps is None else warmup_steps
         losses = backend.sft(
-            examples, steps=steps, batch_size=batch_size, warmup_steps=min(20, steps), final_lr_fraction=0.1
+            examples, steps=steps, batch_size=batch_size, warmup_steps=warmup, final_lr_fraction=final_lr_fraction
         )
         out_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out_dir)
