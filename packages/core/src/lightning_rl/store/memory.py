@@ -2,6 +2,13 @@
 
 Used by unit tests and tiny runs in one process. It is not durable; ``SQLiteStore`` is the embedded
 default. All state sits behind one ``asyncio`` lock, and a condition wakes ``wait_for_rollouts``.
+
+Spans are kept as their JSON text (the form the SQL stores keep too) in flat tuples of strings, not
+as model objects: a gateway records one span with hundreds of token ids per call, and as live
+objects a long run's spans became a heap that every full garbage collection of the serving process
+walked (recording cost grew with the number of spans already stored). Strings are invisible to the
+collector, the copy that isolates the store from the caller is one serialisation instead of a deep
+copy, and reads pay the parse.
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ from lightning_rl.types import (
 
 __all__ = ["MemoryStore"]
 
+_SPANS_PER_SLICE = 64
+"""Spans serialised between two yields to the event loop: a gateway's writer hands over batches of
+hundreds of spans, and serialising one in a single go stalled every request in flight for ~10 ms.
+The lock stays held across the yields, so readers still see a batch all or nothing."""
+
 
 class MemoryStore:
     """A non-durable store for tests and single-process runs."""
@@ -51,7 +63,8 @@ class MemoryStore:
         self._rollouts: dict[str, Rollout] = {}
         self._attempts: dict[str, Attempt] = {}
         self._attempts_of: dict[str, list[str]] = {}
-        self._spans: dict[tuple[str, str], Span] = {}
+        # (trace_id, span_id) -> (rollout_id, attempt_id, name, seq, span JSON); see the module docstring.
+        self._spans: dict[tuple[str, str], tuple[str, str, str, int, str]] = {}
         self._span_seq: dict[str, int] = {}
         self._resources: list[Resources] = []
         self._seq = 0
@@ -232,13 +245,16 @@ class MemoryStore:
             for span in spans:
                 self._check_span_target(span)
             new = 0
-            for span in spans:
+            for i, span in enumerate(spans):
+                if i and i % _SPANS_PER_SLICE == 0:
+                    await asyncio.sleep(0)  # let the serving loop answer requests between slices
                 key = (span.trace_id, span.span_id)
                 if key in self._spans:
                     continue
                 seq = self._span_seq.get(span.attempt_id, 0) + 1
                 self._span_seq[span.attempt_id] = seq
-                self._spans[key] = span.model_copy(deep=True, update={"seq": seq})
+                data = span.model_copy(update={"seq": seq}).model_dump_json()
+                self._spans[key] = (span.rollout_id, span.attempt_id, span.name, seq, data)
                 new += 1
             return new
 
@@ -254,15 +270,15 @@ class MemoryStore:
         check_page(limit, offset)
         async with self._lock:
             rows = [
-                s
-                for s in self._spans.values()
-                if (rollout_id is None or s.rollout_id == rollout_id)
-                and (attempt_id is None or s.attempt_id == attempt_id)
-                and (name is None or s.name == name)
+                row
+                for row in self._spans.values()
+                if (rollout_id is None or row[0] == rollout_id)
+                and (attempt_id is None or row[1] == attempt_id)
+                and (name is None or row[2] == name)
             ]
             order = {aid: i for i, aid in enumerate(self._attempts)}
-            rows.sort(key=lambda s: (order.get(s.attempt_id, -1), s.seq))
-            return [s.model_copy(deep=True) for s in rows[offset : offset + limit]]
+            rows.sort(key=lambda row: (order.get(row[1], -1), row[3]))
+            return [Span.model_validate_json(row[4]) for row in rows[offset : offset + limit]]
 
     # --- resources --------------------------------------------------------------------------
     async def add_resources(
@@ -308,7 +324,7 @@ class MemoryStore:
                 for aid in self._attempts_of.pop(rid, []):
                     self._attempts.pop(aid, None)
                     self._span_seq.pop(aid, None)
-            self._spans = {k: s for k, s in self._spans.items() if s.rollout_id not in gone}
+            self._spans = {k: row for k, row in self._spans.items() if row[0] not in gone}
             return len(doomed)
 
     async def stats(self) -> StoreStats:
