@@ -5,8 +5,8 @@ Setup, three kinds of processes so none steals the others' event loop:
 * a minimal fake vLLM server (``lightning_rl.testing.fast_upstream_app``: one pre-serialised answer
   with token ids and logprobs) in its own process;
 * the gateway in upstream mode in a second process, recording every call as an ``llm.call`` span
-  (rollout URL, in-process ``MemoryStore`` behind the ``SpanWriter``), served by uvicorn exactly as
-  ``lightning-rl gateway serve`` serves it;
+  (rollout URL, ``SpanWriter`` into an in-process ``MemoryStore``, or ``--store sqlite``: a SQLite
+  file), served by uvicorn exactly as ``lightning-rl gateway serve`` serves it;
 * this process as the client: ``--clients`` concurrent workers, each on its own keep-alive
   connection, for every path. ``--client httpx`` (default) shares one ``httpx.AsyncClient`` (what
   the OpenAI SDK uses; it costs 0.5-2 ms of client CPU per request, so with many workers the client
@@ -23,7 +23,8 @@ runs, warm-up included; more stable than wall time on a shared machine). "added"
 gateway path minus direct. The 1-minute load average before and after is printed: on a shared
 machine, quote numbers taken at load < 0.5.
 
-    uv run python benchmarks/gateway_overhead.py [--clients 1,32] [--requests 2000] [--runs 3] [--client httpx|raw]
+    uv run python benchmarks/gateway_overhead.py [--clients 1,32] [--requests N] [--runs 5] [--client httpx|raw]
+        [--store memory|sqlite]
 
 Target (issue 3): <= 2 ms added at p50 with 32 clients.
 """
@@ -37,6 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -64,16 +66,16 @@ def serve_upstream(port: int) -> None:
     uvicorn.run(fast_upstream_app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def serve_gateway(port: int, upstream: str) -> None:
+def serve_gateway(port: int, upstream: str, store_url: str) -> None:
     import uvicorn
 
     from lightning_rl.gateway import UpstreamBackend, create_gateway_app, uvicorn_config
     from lightning_rl.gateway.server import freeze_startup_heap, run_server
-    from lightning_rl.store import MemoryStore
+    from lightning_rl.store import open_store
     from lightning_rl.types import RolloutRequest, Task
 
     async def main() -> None:
-        store = MemoryStore()
+        store = await open_store(store_url)  # as `lightning-rl gateway serve --store` opens it
         await store.enqueue([RolloutRequest(id="bench", task=Task(input=0))])
         [claim] = await store.claim("bench-worker")
         app = create_gateway_app(UpstreamBackend(upstream, model="fake-model"), store=store)
@@ -259,27 +261,43 @@ def _report(clients: int, requests: int, results: dict[str, list[dict[str, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,32", help="Comma-separated concurrent client counts.")
-    parser.add_argument("--requests", type=int, default=2000, help="Requests per run (split over the clients).")
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="Requests per run, split over the clients (default: 20000 with the raw client, 4000 with httpx).",
+    )
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--client", choices=("httpx", "raw"), default="httpx", help="The client library (see above).")
+    parser.add_argument(
+        "--store",
+        choices=("memory", "sqlite"),
+        default="memory",
+        help="Where the gateway records: an in-process MemoryStore (the default; spans kept as JSON text in the "
+        "gateway's heap) or a SQLite file in a scratch folder (what `gateway serve --store PATH` and the trainer "
+        "use; its writer thread shares the gateway's process and GIL).",
+    )
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--serve-gateway", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-gateway", nargs=3, metavar=("PORT", "UPSTREAM", "STORE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
         serve_upstream(args.serve_upstream)
         return
     if args.serve_gateway:
-        serve_gateway(int(args.serve_gateway[0]), args.serve_gateway[1])
+        serve_gateway(int(args.serve_gateway[0]), args.serve_gateway[1], args.serve_gateway[2])
         return
 
     client_counts = [int(c) for c in str(args.clients).split(",") if c.strip()]
+    requests = args.requests or (20_000 if args.client == "raw" else 4_000)
     up_port, gw_port = _free_port(), _free_port()
     upstream = f"http://127.0.0.1:{up_port}"
+    scratch = tempfile.TemporaryDirectory(prefix="lightning-bench-")
+    store_url = "memory" if args.store == "memory" else os.path.join(scratch.name, "store.sqlite")
     procs = [_spawn("--serve-upstream", str(up_port))]
     load_before = _load()
     try:
         _wait_ready(f"{upstream}/v1/models")
-        procs.append(_spawn("--serve-gateway", str(gw_port), upstream))
+        procs.append(_spawn("--serve-gateway", str(gw_port), upstream, store_url))
         assert procs[1].stdout is not None
         attempt = procs[1].stdout.readline().split()[1]
         gateway = f"http://127.0.0.1:{gw_port}"
@@ -291,7 +309,7 @@ def main() -> None:
             "gateway, not recorded": f"{gateway}/v1/chat/completions",
         }
         print(
-            f"cpus={os.cpu_count()} python={sys.version.split()[0]} client={args.client} "
+            f"cpus={os.cpu_count()} python={sys.version.split()[0]} client={args.client} store={args.store} "
             f"load(1 min) before={load_before:.2f}",
             flush=True,
         )
@@ -299,14 +317,20 @@ def main() -> None:
             results: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
             for _ in range(args.runs):
                 for name, url in urls.items():
-                    results[name].append(_run(url, clients, args.requests, pids, args.client))
-            _report(clients, args.requests, results)
-        metrics = httpx.get(f"{gateway}/metrics?format=json").json()
+                    results[name].append(_run(url, clients, requests, pids, args.client))
+            _report(clients, requests, results)
+        deadline = time.monotonic() + 30.0  # let the writer drain, so "written" counts every recorded call
+        while True:
+            metrics = httpx.get(f"{gateway}/metrics?format=json").json()
+            if not metrics.get("spans_pending") or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(timeout=10)
+        scratch.cleanup()
     print(
         f"\nspans written={metrics.get('spans_written_total')} dropped={metrics.get('spans_dropped_total')} "
         f"pending={metrics.get('spans_pending')}; load(1 min) after={_load():.2f}"

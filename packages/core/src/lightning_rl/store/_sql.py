@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
+from lightning_rl.store._spanjson import dump_span
 from lightning_rl.store.base import attempt_deadline, attempt_outcome, check_batch, same_request, set_rollout_status
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
@@ -209,7 +210,7 @@ def attempt_update_params(a: Attempt) -> tuple[Any, ...]:
 
 def span_insert_params(span: Span, attempt_seq: int, seq: int) -> tuple[Any, ...]:
     """Values for ``SPAN_COLUMNS``; the stored JSON carries the store-assigned ``seq``."""
-    data = span.model_copy(update={"seq": seq}).model_dump_json()
+    data = dump_span(span, seq)
     return (span.trace_id, span.span_id, span.rollout_id, span.attempt_id, attempt_seq, seq, span.name, data)
 
 

@@ -3,7 +3,7 @@
 Used by unit tests and tiny runs in one process. It is not durable; ``SQLiteStore`` is the embedded
 default. All state sits behind one ``asyncio`` lock, and a condition wakes ``wait_for_rollouts``.
 
-Spans are kept as their JSON text (the form the SQL stores keep too) in flat tuples of strings, not
+Spans are kept as their JSON (the form the SQL stores keep too) in flat tuples of strings, not
 as model objects: a gateway records one span with hundreds of token ids per call, and as live
 objects a long run's spans became a heap that every full garbage collection of the serving process
 walked (recording cost grew with the number of spans already stored). Strings are invisible to the
@@ -18,6 +18,7 @@ import heapq
 from collections.abc import Sequence
 
 from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
+from lightning_rl.store._spanjson import dump_span
 from lightning_rl.store.base import (
     attempt_deadline,
     attempt_outcome,
@@ -253,7 +254,7 @@ class MemoryStore:
                     continue
                 seq = self._span_seq.get(span.attempt_id, 0) + 1
                 self._span_seq[span.attempt_id] = seq
-                data = span.model_copy(update={"seq": seq}).model_dump_json()
+                data = dump_span(span, seq)
                 self._spans[key] = (span.rollout_id, span.attempt_id, span.name, seq, data)
                 new += 1
             return new

@@ -1,0 +1,24 @@
+"""The gateway benchmark runs end to end (a tiny run: the numbers are not checked, the script is)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gateway_overhead.py"
+
+
+@pytest.mark.parametrize(("client", "store"), [("raw", "sqlite"), ("httpx", "memory")])
+def test_gateway_overhead_runs(client: str, store: str) -> None:
+    args = ["--clients", "2", "--requests", "40", "--runs", "1", "--client", client, "--store", store]
+    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"client={client} store={store}" in out.stdout
+    assert "**added by the gateway**" in out.stdout
+    # every recorded call reached the store, none dropped: 3 paths x (40 + warm-up) calls, 1 recorded path
+    written = int(out.stdout.split("spans written=")[1].split()[0])
+    assert written == 40 + 2 * 5
+    assert "dropped=0" in out.stdout
