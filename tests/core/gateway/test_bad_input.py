@@ -73,6 +73,8 @@ async def test_prompt_longer_than_context_is_400_with_both_lengths(
         ("n", 0, 400),
         ("temperature", 3, 400),
         ("top_p", 0, 400),
+        ("seed", 2**64, 400),  # beyond what a sampler's generator takes
+        ("seed", 10**30, 400),  # beyond 64 bits: parsed as a float, still refused
     ],
 )
 async def test_limits_and_ranges_are_400(gateway: Gateway, field: str, value: int, status: int) -> None:

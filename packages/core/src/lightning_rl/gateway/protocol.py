@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import from_json, to_json
 from starlette.responses import Response
@@ -45,7 +46,7 @@ class _Sampling(_Request):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
 
@@ -88,7 +89,7 @@ class ResponsesRequest(_Request):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     parallel_tool_calls: bool | None = None
     stream: bool | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     metadata: dict[str, Any] | None = None
 
 
@@ -147,18 +148,32 @@ def new_call_id(prefix: str) -> str:
 def dumpb(obj: Any) -> bytes:
     """Compact UTF-8 JSON, as ``json.dumps(obj, separators=(",", ":"), ensure_ascii=False)`` writes it.
 
-    pydantic-core's serialiser: ~4x faster than ``json`` on the token-id lists and logprobs the gateway
-    forwards on every call. Floats keep their shortest round-trip form (exact logprobs); NaN and
-    infinities are written as ``NaN``/``Infinity`` like ``json`` does.
+    ``orjson``: ~4x faster than pydantic-core (and ~10x faster than ``json``) on the token-id lists
+    and logprobs the gateway forwards on every call, which with real prompts are most of its work.
+    Floats keep their shortest round-trip form (exact logprobs). NaN and infinities are written as
+    ``null`` (strict JSON, as pydantic writes them; no OpenAI-compatible server sends them).
+    Values orjson does not write (integers beyond 64 bits, non-string keys, sets, models) go
+    through pydantic-core instead.
     """
-    return to_json(obj, inf_nan_mode="constants")
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return to_json(obj, inf_nan_mode="null")
 
 
 def dumps(obj: Any) -> str:
     """``dumpb`` as text (SSE lines, span attributes)."""
-    return to_json(obj, inf_nan_mode="constants").decode()
+    return dumpb(obj).decode()
 
 
 def loads(data: bytes | str) -> Any:
-    """Parse JSON like ``json.loads`` (pydantic-core's parser, ~2x faster); ``ValueError`` when invalid."""
-    return from_json(data)
+    """Parse JSON like ``json.loads``; ``ValueError`` when invalid.
+
+    ``orjson`` first; what it refuses is parsed again by pydantic-core's more lenient parser
+    (``NaN``/``Infinity`` literals), which raises for really broken JSON. Integers beyond 64 bits
+    come back as floats (no field of the API takes one: a ``seed`` that large is refused).
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return from_json(data)

@@ -1,0 +1,46 @@
+"""The gateway's JSON helpers: orjson's fast path and pydantic-core's fallback give one behaviour."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lightning_rl.gateway.protocol import dumpb, dumps, loads
+
+
+def test_dumpb_writes_compact_utf8_json_with_exact_floats() -> None:
+    obj = {"ids": list(range(5)), "lp": [-0.1234567890123456, -1e-300, 0.0], "t": 'héllo ✓ "q"\n', "n": None}
+    out = dumpb(obj)
+    assert out == json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    assert loads(out) == obj
+    assert dumps(obj) == out.decode()
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        ({"x": [math.nan, math.inf, -math.inf]}, b'{"x":[null,null,null]}'),  # strict JSON on both paths
+        ({"big": 2**70, "x": math.inf}, b'{"big":1180591620717411303424,"x":null}'),  # fallback path
+        ({1: "a"}, b'{"1":"a"}'),  # non-string keys: fallback path
+        ({"s": (1, 2)}, b'{"s":[1,2]}'),
+    ],
+)
+def test_dumpb_values_orjson_does_not_take(obj: object, expected: bytes) -> None:
+    assert dumpb(obj) == expected
+
+
+def test_loads_accepts_what_json_loads_accepts() -> None:
+    assert loads(b'{"a": [1, 2.5]}') == {"a": [1, 2.5]}
+    assert loads('{"a": "\u00e9"}') == {"a": "é"}
+    assert loads(b'{"seed": 18446744073709551615}') == {"seed": 2**64 - 1}  # 64 bits: exact
+    assert loads(b'{"seed": 123456789012345678901234567890}') == {"seed": 1.2345678901234568e29}  # beyond
+    lenient = loads(b'{"x": NaN, "y": -Infinity}')
+    assert math.isnan(lenient["x"]) and lenient["y"] == -math.inf
+
+
+@pytest.mark.parametrize("bad", [b"{bad", b"", b'{"a": 1', b"[1,]x"])
+def test_loads_raises_value_error_on_broken_json(bad: bytes) -> None:
+    with pytest.raises(ValueError):
+        loads(bad)
