@@ -164,6 +164,8 @@ class RawClient:
 async def measure(url: str, clients: int, requests: int, client: str = "httpx") -> dict[str, float]:
     if client == "raw":
         return await measure_raw(url, clients, requests)
+    if client == "openai":
+        return await measure_openai(url, clients, requests)
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(limits=limits, timeout=30.0) as http:
@@ -186,6 +188,35 @@ async def measure(url: str, clients: int, requests: int, client: str = "httpx") 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
         elapsed = time.perf_counter() - start
+    latencies.sort()
+    q = statistics.quantiles(latencies, n=100)
+    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed, "n": len(latencies)}
+
+
+async def measure_openai(url: str, clients: int, requests: int) -> dict[str, float]:
+    """Each worker is an agent with its own ``openai.AsyncOpenAI`` client (the real SDK, as agents use it)."""
+    import openai
+
+    latencies: list[float] = []
+    base_url = url.removesuffix("/chat/completions")
+    sdks = [openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0) for _ in range(clients)]
+    per_client = max(1, requests // clients)
+
+    async def worker(sdk: openai.AsyncOpenAI, n: int, timed: bool) -> None:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await sdk.chat.completions.create(**BODY)
+            if timed:
+                latencies.append(time.perf_counter() - t0)
+
+    try:
+        await asyncio.gather(*(worker(c, WARMUP_PER_CLIENT, False) for c in sdks))
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(c, per_client, True) for c in sdks))
+        elapsed = time.perf_counter() - start
+    finally:
+        for c in sdks:
+            await c.close()
     latencies.sort()
     q = statistics.quantiles(latencies, n=100)
     return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed, "n": len(latencies)}
@@ -268,7 +299,9 @@ def main() -> None:
         help="Requests per run, split over the clients (default: 20000 with the raw client, 4000 with httpx).",
     )
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--client", choices=("httpx", "raw"), default="httpx", help="The client library (see above).")
+    parser.add_argument(
+        "--client", choices=("httpx", "openai", "raw"), default="httpx", help="The client library (see above)."
+    )
     parser.add_argument(
         "--store",
         choices=("memory", "sqlite"),

@@ -44,3 +44,23 @@ def test_loads_accepts_what_json_loads_accepts() -> None:
 def test_loads_raises_value_error_on_broken_json(bad: bytes) -> None:
     with pytest.raises(ValueError):
         loads(bad)
+
+
+def test_recorded_spans_equal_what_pydantic_would_construct() -> None:
+    """The gateway builds spans without pydantic's per-field machinery; the result must not differ."""
+    from lightning_rl.gateway.backends import CallResult, ChoiceResult
+    from lightning_rl.gateway.recording import CallContext, CallInfo, build_llm_spans
+    from lightning_rl.types import Span
+
+    result = CallResult(
+        [1, 2, 3], [ChoiceResult(0, "hi", "hi", "stop", token_ids=[7, 8], logprobs=[-0.5, -0.25])], True
+    )
+    info = CallInfo("chat.completions", "chat", "m", "m", "chatcmpl-" + "ab" * 16, False, 1, 2, 1.0, 1.0, 4, [])
+    [span] = build_llm_spans(CallContext("r-1", "a-1", "writer"), "a-1", info, result)
+    fields = {name: getattr(span, name) for name in Span.model_fields}
+    reference = Span.model_construct(**fields)
+    assert span == reference
+    assert span.model_fields_set == reference.model_fields_set
+    assert span.model_dump_json() == reference.model_dump_json()
+    assert Span.model_validate_json(span.model_dump_json()) == span  # and it is a valid span
+    assert span.status.code == "ok" and span.seq == 0 and span.attributes["lightning.role"] == "writer"

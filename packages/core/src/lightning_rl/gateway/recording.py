@@ -3,8 +3,8 @@
 One span per choice (so ``n > 1`` gives ``n`` transitions), carrying exactly what the engine
 consumed and sampled: prompt ids, response ids, the sampling logprobs, the weights version, the
 parsed tool calls with their ids (AIR joins tool results on them) and the response id (plugins join
-their role spans on it). Spans are built with ``model_construct`` (no validation: every field is
-produced here) and submitted without awaiting the store, so recording costs microseconds.
+their role spans on it). Spans are built without validation (every field is produced here) and
+submitted without awaiting the store, so recording costs microseconds.
 
 A call routed to a rollout without an attempt id is resolved to the rollout's running attempt by
 asking the store, in a background task, never on the request path.
@@ -76,6 +76,25 @@ class CallInfo:
     inputs: Any
 
 
+_SPAN_FIELDS = frozenset(Span.model_fields)
+_new_object = object.__new__
+_set = object.__setattr__
+
+
+def _span(fields: dict[str, Any]) -> Span:
+    """``Span.model_construct(**fields)`` for a dict holding every field, in a third of the time.
+
+    It sets the four attributes pydantic's own ``model_construct`` sets, without its per-field
+    default and alias handling (every field is given); a test checks the result is the same.
+    """
+    span = _new_object(Span)
+    _set(span, "__dict__", fields)
+    _set(span, "__pydantic_fields_set__", set(_SPAN_FIELDS))
+    _set(span, "__pydantic_extra__", None)
+    _set(span, "__pydantic_private__", None)
+    return span
+
+
 def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: CallResult) -> list[Span]:
     """One ``llm.call`` span per choice of ``result``."""
     assert ctx.rollout_id is not None
@@ -117,20 +136,22 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
         if choice.parse_error is not None:
             attrs[sc.TOOL_CALL_PARSE_ERROR] = choice.parse_error
         spans.append(
-            Span.model_construct(
-                trace_id=trace_id,
-                span_id=os.urandom(8).hex(),
-                parent_id=None,
-                name=sc.SPAN_LLM_CALL,
-                kind="client",
-                start_ns=info.start_ns,
-                end_ns=info.end_ns,
-                attributes=attrs,
-                events=[],
-                status=SpanStatus(code="ok"),
-                rollout_id=ctx.rollout_id,
-                attempt_id=attempt_id,
-                seq=0,
+            _span(
+                {
+                    "trace_id": trace_id,
+                    "span_id": os.urandom(8).hex(),
+                    "parent_id": None,
+                    "name": sc.SPAN_LLM_CALL,
+                    "kind": "client",
+                    "start_ns": info.start_ns,
+                    "end_ns": info.end_ns,
+                    "attributes": attrs,
+                    "events": [],
+                    "status": SpanStatus.model_construct(code="ok", message=None),
+                    "rollout_id": ctx.rollout_id,
+                    "attempt_id": attempt_id,
+                    "seq": 0,
+                }
             )
         )
     return spans
