@@ -633,11 +633,7 @@ class SQLiteStore:
         for span in spans:
             seq = counts[span.attempt_id] + 1
             params = q.span_insert_params(span, targets[span.attempt_id][1], seq)
-            cur = c.execute(
-                f"INSERT INTO spans ({', '.join(q.SPAN_COLUMNS)}) VALUES ({_marks(len(q.SPAN_COLUMNS))})"
-                " ON CONFLICT (trace_id, span_id) DO NOTHING",
-                params,
-            )
+            cur = c.execute(_INSERT_SPAN, params)
             if cur.rowcount == 1:
                 counts[span.attempt_id] = seq
                 new += 1
@@ -665,6 +661,12 @@ class SQLiteStore:
 
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
+
+
+_INSERT_SPAN = (
+    f"INSERT INTO spans ({', '.join(q.SPAN_COLUMNS)}) VALUES ({_marks(len(q.SPAN_COLUMNS))})"
+    " ON CONFLICT (trace_id, span_id) DO NOTHING"
+)
 
 
 def _json_list(values: Sequence[str]) -> str:
