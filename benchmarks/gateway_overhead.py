@@ -8,10 +8,13 @@ Setup, three kinds of processes so none steals the others' event loop:
   (rollout URL, ``SpanWriter`` into an in-process ``MemoryStore``, or ``--store sqlite``: a SQLite
   file), served by uvicorn exactly as ``lightning-rl gateway serve`` serves it;
 * this process as the client: ``--clients`` concurrent workers, each on its own keep-alive
-  connection, for every path. ``--client httpx`` (default) shares one ``httpx.AsyncClient`` (what
-  the OpenAI SDK uses; it costs 0.5-2 ms of client CPU per request, so with many workers the client
-  process is the bottleneck, as it is for a runner with many agents); ``--client raw`` writes
-  HTTP/1.1 by hand (~0.03 ms per request), which leaves the servers as the bottleneck.
+  connection, for every path. ``--client raw`` (default) writes HTTP/1.1 by hand (~0.02 ms of
+  client CPU per request), so the servers are the bottleneck and the gateway's own cost shows in
+  full: the strictest measure. ``--client openai`` gives each worker its own ``openai.AsyncOpenAI``
+  (32 agents, each with its own SDK client: what the gateway really serves; the SDK costs ~1.3 ms of
+  client CPU per request, so the client process is the bottleneck). ``--client httpx`` shares one
+  ``httpx.AsyncClient`` pool between the workers (its pool bookkeeping makes it client-bound and
+  noisy: p50 moves by several ms between runs).
 
 For each client count, a run sends ``--requests`` chat completions to the upstream directly, then
 the same number through the gateway on a rollout URL (recorded: the measured path), then through
@@ -23,8 +26,8 @@ runs, warm-up included; more stable than wall time on a shared machine). "added"
 gateway path minus direct. The 1-minute load average before and after is printed: on a shared
 machine, quote numbers taken at load < 0.5.
 
-    uv run python benchmarks/gateway_overhead.py [--clients 1,32] [--requests N] [--runs 5] [--client httpx|raw]
-        [--store memory|sqlite]
+    uv run python benchmarks/gateway_overhead.py [--clients 1,32] [--requests N] [--runs 5]
+        [--client raw|openai|httpx] [--store memory|sqlite]
 
 Target (issue 3): <= 2 ms added at p50 with 32 clients.
 """
@@ -161,7 +164,7 @@ class RawClient:
             await self.conn[1].wait_closed()
 
 
-async def measure(url: str, clients: int, requests: int, client: str = "httpx") -> dict[str, float]:
+async def measure(url: str, clients: int, requests: int, client: str = "raw") -> dict[str, float]:
     if client == "raw":
         return await measure_raw(url, clients, requests)
     if client == "openai":
@@ -296,12 +299,10 @@ def main() -> None:
         "--requests",
         type=int,
         default=None,
-        help="Requests per run, split over the clients (default: 20000 with the raw client, 4000 with httpx).",
+        help="Requests per run, split over the clients (default: 20000 with the raw client, else 4000).",
     )
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument(
-        "--client", choices=("httpx", "openai", "raw"), default="httpx", help="The client library (see above)."
-    )
+    parser.add_argument("--client", choices=("raw", "openai", "httpx"), default="raw", help="The client (see above).")
     parser.add_argument(
         "--store",
         choices=("memory", "sqlite"),
@@ -321,7 +322,7 @@ def main() -> None:
         return
 
     client_counts = [int(c) for c in str(args.clients).split(",") if c.strip()]
-    requests = args.requests or (20_000 if args.client == "raw" else 4_000)
+    requests = args.requests or (20_000 if args.client == "raw" else 4_000)  # ~2-10 s per path and run
     up_port, gw_port = _free_port(), _free_port()
     upstream = f"http://127.0.0.1:{up_port}"
     scratch = tempfile.TemporaryDirectory(prefix="lightning-bench-")

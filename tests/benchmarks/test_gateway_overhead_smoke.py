@@ -11,7 +11,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gateway_overhead.py"
 
 
-@pytest.mark.parametrize(("client", "store"), [("raw", "sqlite"), ("httpx", "memory")])
+@pytest.mark.parametrize(("client", "store"), [("raw", "sqlite"), ("httpx", "memory"), ("openai", "memory")])
 def test_gateway_overhead_runs(client: str, store: str) -> None:
     args = ["--clients", "2", "--requests", "40", "--runs", "1", "--client", client, "--store", store]
     out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=180)
@@ -22,3 +22,15 @@ def test_gateway_overhead_runs(client: str, store: str) -> None:
     written = int(out.stdout.split("spans written=")[1].split()[0])
     assert written == 40 + 2 * 5
     assert "dropped=0" in out.stdout
+
+
+def test_gateway_ab_runs() -> None:
+    src = str(SCRIPT.parents[1] / "packages" / "core" / "src")
+    args = [src, src, "--rounds", "2", "--requests", "60", "--clients", "2"]
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("gateway_ab.py")), *args], capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if "gateway CPU" in line]
+    assert [line[0] for line in lines] == ["A", "B"]
+    assert all("medians of 2 rounds" in line for line in lines)

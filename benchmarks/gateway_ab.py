@@ -1,0 +1,82 @@
+"""A/B the gateway's CPU per recorded call: two versions of the code side by side, one upstream.
+
+On a shared machine the same code's CPU per call moves by ±15 % with the host's load, more than
+most single changes are worth. Running both versions at once and alternating bursts of load
+between them makes the comparison fair: a noisy minute hits both. Each version is a source folder
+(``packages/core/src`` of a checkout); make one for an older commit with ``git worktree``:
+
+    git worktree add ../before HEAD~1
+    uv run python benchmarks/gateway_ab.py ../before/packages/core/src packages/core/src [--rounds 8]
+
+Prints, per version, the median over rounds of the gateway's CPU per call and of the p50 latency
+with 32 raw clients (see ``gateway_overhead.py`` for the processes and the client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gateway_overhead as bench  # noqa: E402  (the sibling benchmark: same processes and client)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a", help="Source folder of version A (e.g. <worktree>/packages/core/src).")
+    parser.add_argument("b", help="Source folder of version B.")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=10_000, help="Calls per burst.")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--store", choices=("memory", "sqlite"), default="memory")
+    args = parser.parse_args()
+
+    scratch = tempfile.TemporaryDirectory(prefix="lightning-ab-")
+    up_port = bench._free_port()  # pyright: ignore[reportPrivateUsage]
+    upstream = f"http://127.0.0.1:{up_port}"
+    procs = [bench._spawn("--serve-upstream", str(up_port))]  # pyright: ignore[reportPrivateUsage]
+    gateways: list[tuple[subprocess.Popen[str], str]] = []
+    try:
+        bench._wait_ready(f"{upstream}/v1/models")  # pyright: ignore[reportPrivateUsage]
+        for i, src in enumerate((args.a, args.b)):
+            port = bench._free_port()  # pyright: ignore[reportPrivateUsage]
+            store = "memory" if args.store == "memory" else os.path.join(scratch.name, f"{i}.sqlite")
+            env = {**os.environ, "PYTHONPATH": os.path.abspath(src), "PYTHONUNBUFFERED": "1"}
+            cmd = [sys.executable, bench.__file__, "--serve-gateway", str(port), upstream, store]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+            procs.append(proc)
+            assert proc.stdout is not None
+            attempt = proc.stdout.readline().split()[1]
+            bench._wait_ready(f"http://127.0.0.1:{port}/health")  # pyright: ignore[reportPrivateUsage]
+            url = f"http://127.0.0.1:{port}/rollouts/bench/attempts/{attempt}/v1/chat/completions"
+            gateways.append((proc, url))
+        results: list[list[tuple[float, float]]] = [[], []]
+        for r in range(args.rounds):
+            for i in (0, 1) if r % 2 == 0 else (1, 0):
+                proc, url = gateways[i]
+                cpu0 = bench._cpu_s(proc.pid)  # pyright: ignore[reportPrivateUsage]
+                m = asyncio.run(bench.measure_raw(url, args.clients, args.requests))
+                calls = m["n"] + args.clients * bench.WARMUP_PER_CLIENT
+                cpu_ms = (bench._cpu_s(proc.pid) - cpu0) / calls * 1e3  # pyright: ignore[reportPrivateUsage]
+                results[i].append((m["p50_ms"], cpu_ms))
+        for name, src, rows in zip("AB", (args.a, args.b), results, strict=True):
+            cpu = statistics.median(c for _, c in rows)
+            p50 = statistics.median(p for p, _ in rows)
+            print(f"{name} {src}: gateway CPU {cpu:.4f} ms/call, p50 {p50:.2f} ms (medians of {len(rows)} rounds)")
+            print(f"  CPU per round: {', '.join(f'{c:.3f}' for _, c in rows)}")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=10)
+        scratch.cleanup()
+
+
+if __name__ == "__main__":
+    main()
