@@ -54,3 +54,31 @@ def test_dump_span_keeps_the_callers_span_unchanged() -> None:
     span = _span({"ids": [1, 2, 3]})
     dump_span(span, 42)
     assert span.seq == 0
+
+
+async def test_memory_store_batch_is_all_or_nothing_when_cancelled() -> None:
+    """``MemoryStore.add_spans`` yields to the loop inside big batches; cancelling it there changes nothing."""
+    import asyncio
+
+    from lightning_rl.store import MemoryStore
+    from lightning_rl.types import RolloutRequest, Task
+
+    store = MemoryStore()
+    await store.enqueue([RolloutRequest(id="r-1", task=Task(input=0))])
+    [claim] = await store.claim("w")
+    spans = [
+        Span(name="s", rollout_id="r-1", attempt_id=claim.attempt.id, attributes={"i": i, "ids": list(range(50))})
+        for i in range(1000)
+    ]
+    task = asyncio.create_task(store.add_spans(spans))
+    for _ in range(3):
+        await asyncio.sleep(0)  # let it serialise a few slices, then cancel it mid-batch
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await store.query_spans(rollout_id="r-1") == []
+    assert await store.add_spans(spans + spans[:3]) == 1000  # duplicates in a batch count once
+    stored = await store.query_spans(rollout_id="r-1")
+    assert [s.seq for s in stored] == list(range(1, 1001))
+    assert [s.attributes["i"] for s in stored] == list(range(1000))

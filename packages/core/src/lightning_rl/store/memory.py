@@ -52,7 +52,8 @@ __all__ = ["MemoryStore"]
 _SPANS_PER_SLICE = 64
 """Spans serialised between two yields to the event loop: a gateway's writer hands over batches of
 hundreds of spans, and serialising one in a single go stalled every request in flight for ~10 ms.
-The lock stays held across the yields, so readers still see a batch all or nothing."""
+The lock stays held across the yields and nothing changes until the whole batch is serialised, so
+readers see a batch all or nothing, and a cancelled call changes nothing."""
 
 
 class MemoryStore:
@@ -245,19 +246,22 @@ class MemoryStore:
         async with self._lock:
             for span in spans:
                 self._check_span_target(span)
-            new = 0
+            # Serialise first (yielding between slices), then change state in one synchronous step:
+            # a caller cancelled mid-batch leaves the store exactly as it was.
+            seqs: dict[str, int] = {}
+            rows: dict[tuple[str, str], tuple[str, str, str, int, str]] = {}
             for i, span in enumerate(spans):
                 if i and i % _SPANS_PER_SLICE == 0:
                     await asyncio.sleep(0)  # let the serving loop answer requests between slices
                 key = (span.trace_id, span.span_id)
-                if key in self._spans:
+                if key in self._spans or key in rows:
                     continue
-                seq = self._span_seq.get(span.attempt_id, 0) + 1
-                self._span_seq[span.attempt_id] = seq
-                data = dump_span(span, seq)
-                self._spans[key] = (span.rollout_id, span.attempt_id, span.name, seq, data)
-                new += 1
-            return new
+                seq = seqs.get(span.attempt_id, self._span_seq.get(span.attempt_id, 0)) + 1
+                seqs[span.attempt_id] = seq
+                rows[key] = (span.rollout_id, span.attempt_id, span.name, seq, dump_span(span, seq))
+            self._spans.update(rows)
+            self._span_seq.update(seqs)
+            return len(rows)
 
     async def query_spans(
         self,
