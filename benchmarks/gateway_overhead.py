@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -164,93 +165,86 @@ class RawClient:
             await self.conn[1].wait_closed()
 
 
+Call = Callable[[], Awaitable[None]]
+"""One request by one client worker (raises when the answer is not a 200)."""
+
+
+async def closed_loop(calls: list[Call], requests: int) -> dict[str, float]:
+    """Each worker sends its requests back to back: an untimed warm-up (which opens every connection
+    on both hops), then ``requests`` split over the workers, timed one by one."""
+    latencies: list[float] = []
+
+    async def worker(call: Call, n: int, timed: bool) -> None:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await call()
+            if timed:
+                latencies.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(worker(c, WARMUP_PER_CLIENT, False) for c in calls))
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(c, max(1, requests // len(calls)), True) for c in calls))
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+    q = statistics.quantiles(latencies, n=100)
+    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed, "n": len(latencies)}
+
+
 async def measure(url: str, clients: int, requests: int, client: str = "raw") -> dict[str, float]:
+    """One closed-loop run of ``clients`` workers against ``url`` with the chosen client."""
     if client == "raw":
         return await measure_raw(url, clients, requests)
     if client == "openai":
         return await measure_openai(url, clients, requests)
-    latencies: list[float] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(limits=limits, timeout=30.0) as http:
 
-        async def warm() -> None:  # opens every connection on both hops, untimed
-            for _ in range(WARMUP_PER_CLIENT):
-                (await http.post(url, json=BODY)).raise_for_status()
+        async def call() -> None:
+            r = await http.post(url, json=BODY)
+            if r.status_code != 200:
+                raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text}")
 
-        await asyncio.gather(*(warm() for _ in range(clients)))
-        per_client = max(1, requests // clients)
-
-        async def worker() -> None:
-            for _ in range(per_client):
-                t0 = time.perf_counter()
-                r = await http.post(url, json=BODY)
-                latencies.append(time.perf_counter() - t0)
-                if r.status_code != 200:
-                    raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text}")
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        elapsed = time.perf_counter() - start
-    latencies.sort()
-    q = statistics.quantiles(latencies, n=100)
-    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed, "n": len(latencies)}
+        return await closed_loop([call] * clients, requests)
 
 
 async def measure_openai(url: str, clients: int, requests: int) -> dict[str, float]:
     """Each worker is an agent with its own ``openai.AsyncOpenAI`` client (the real SDK, as agents use it)."""
     import openai
 
-    latencies: list[float] = []
     base_url = url.removesuffix("/chat/completions")
     sdks = [openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0) for _ in range(clients)]
-    per_client = max(1, requests // clients)
 
-    async def worker(sdk: openai.AsyncOpenAI, n: int, timed: bool) -> None:
-        for _ in range(n):
-            t0 = time.perf_counter()
+    def caller(sdk: openai.AsyncOpenAI) -> Call:
+        async def call() -> None:
             await sdk.chat.completions.create(**BODY)
-            if timed:
-                latencies.append(time.perf_counter() - t0)
+
+        return call
 
     try:
-        await asyncio.gather(*(worker(c, WARMUP_PER_CLIENT, False) for c in sdks))
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(c, per_client, True) for c in sdks))
-        elapsed = time.perf_counter() - start
+        return await closed_loop([caller(sdk) for sdk in sdks], requests)
     finally:
-        for c in sdks:
-            await c.close()
-    latencies.sort()
-    q = statistics.quantiles(latencies, n=100)
-    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed, "n": len(latencies)}
+        for sdk in sdks:
+            await sdk.close()
 
 
 async def measure_raw(url: str, clients: int, requests: int) -> dict[str, float]:
-    latencies: list[float] = []
+    """Each worker writes HTTP/1.1 by hand on its own keep-alive connection."""
     body = json.dumps(BODY).encode()
     conns = [RawClient(url, body) for _ in range(clients)]
-    per_client = max(1, requests // clients)
 
-    async def worker(conn: RawClient, n: int, timed: bool) -> None:
-        for _ in range(n):
-            t0 = time.perf_counter()
+    def caller(conn: RawClient) -> Call:
+        async def call() -> None:
             status = await conn.post()
-            if timed:
-                latencies.append(time.perf_counter() - t0)
             if status != 200:
                 raise RuntimeError(f"{url}: HTTP {status}")
 
+        return call
+
     try:
-        await asyncio.gather(*(worker(c, WARMUP_PER_CLIENT, False) for c in conns))
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(c, per_client, True) for c in conns))
-        elapsed = time.perf_counter() - start
+        return await closed_loop([caller(c) for c in conns], requests)
     finally:
         for c in conns:
             await c.aclose()
-    latencies.sort()
-    q = statistics.quantiles(latencies, n=100)
-    return {"p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "rps": len(latencies) / elapsed, "n": len(latencies)}
 
 
 def _run(url: str, clients: int, requests: int, pids: dict[str, int], client: str) -> dict[str, float]:
