@@ -3,12 +3,12 @@
 Used by unit tests and tiny runs in one process. It is not durable; ``SQLiteStore`` is the embedded
 default. All state sits behind one ``asyncio`` lock, and a condition wakes ``wait_for_rollouts``.
 
-Spans are kept as their JSON (the form the SQL stores keep too) in flat tuples of strings, not
-as model objects: a gateway records one span with hundreds of token ids per call, and as live
-objects a long run's spans became a heap that every full garbage collection of the serving process
-walked (recording cost grew with the number of spans already stored). Strings are invisible to the
-collector, the copy that isolates the store from the caller is one serialisation instead of a deep
-copy, and reads pay the parse.
+Spans are kept as their JSON text (the form the SQL stores keep too) in dicts of strings, one per
+attempt, in arrival order (which is ``seq`` order): a gateway records one span with hundreds of
+token ids per call, and as live objects a long run's spans became a heap that every full garbage
+collection of the serving process walked, so recording got dearer as spans piled up. A dict that
+holds only strings is not tracked by the collector at all, the copy that isolates the store from
+the caller is one serialisation instead of a deep copy, and reads pay the parse.
 """
 
 from __future__ import annotations
@@ -56,6 +56,11 @@ The lock stays held across the yields and nothing changes until the whole batch 
 readers see a batch all or nothing, and a cancelled call changes nothing."""
 
 
+def _span_key(span: Span) -> str:
+    """``(trace_id, span_id)`` as one string (length-prefixed: no separator can be ambiguous)."""
+    return f"{len(span.trace_id)}:{span.trace_id}{span.span_id}"
+
+
 class MemoryStore:
     """A non-durable store for tests and single-process runs."""
 
@@ -65,9 +70,10 @@ class MemoryStore:
         self._rollouts: dict[str, Rollout] = {}
         self._attempts: dict[str, Attempt] = {}
         self._attempts_of: dict[str, list[str]] = {}
-        # (trace_id, span_id) -> (rollout_id, attempt_id, name, seq, span JSON); see the module docstring.
-        self._spans: dict[tuple[str, str], tuple[str, str, str, int, str]] = {}
-        self._span_seq: dict[str, int] = {}
+        # attempt id -> {span key: span JSON} in seq order, and span key -> attempt id (idempotent
+        # writes); only strings inside, so the collector never walks them (see the module docstring).
+        self._spans: dict[str, dict[str, str]] = {}
+        self._span_attempt: dict[str, str] = {}
         self._resources: list[Resources] = []
         self._seq = 0
         # claim and expiry must not scan every rollout: waiting rollouts sit in a heap by seq (stale
@@ -248,20 +254,22 @@ class MemoryStore:
                 self._check_span_target(span)
             # Serialise first (yielding between slices), then change state in one synchronous step:
             # a caller cancelled mid-batch leaves the store exactly as it was.
-            seqs: dict[str, int] = {}
-            rows: dict[tuple[str, str], tuple[str, str, str, int, str]] = {}
+            rows: dict[str, dict[str, str]] = {}  # attempt id -> {key: JSON} of this batch
+            seen: set[str] = set()
             for i, span in enumerate(spans):
                 if i and i % _SPANS_PER_SLICE == 0:
                     await asyncio.sleep(0)  # let the serving loop answer requests between slices
-                key = (span.trace_id, span.span_id)
-                if key in self._spans or key in rows:
-                    continue
-                seq = seqs.get(span.attempt_id, self._span_seq.get(span.attempt_id, 0)) + 1
-                seqs[span.attempt_id] = seq
-                rows[key] = (span.rollout_id, span.attempt_id, span.name, seq, dump_span(span, seq))
-            self._spans.update(rows)
-            self._span_seq.update(seqs)
-            return len(rows)
+                key = _span_key(span)
+                if key in self._span_attempt or key in seen:
+                    continue  # writes are idempotent on (trace_id, span_id)
+                seen.add(key)
+                new = rows.setdefault(span.attempt_id, {})
+                seq = len(self._spans.get(span.attempt_id, ())) + len(new) + 1
+                new[key] = dump_span(span, seq)
+            for aid, new in rows.items():
+                self._spans.setdefault(aid, {}).update(new)
+                self._span_attempt.update(dict.fromkeys(new, aid))
+            return sum(len(new) for new in rows.values())
 
     async def query_spans(
         self,
@@ -274,16 +282,18 @@ class MemoryStore:
     ) -> list[Span]:
         check_page(limit, offset)
         async with self._lock:
-            rows = [
-                row
-                for row in self._spans.values()
-                if (rollout_id is None or row[0] == rollout_id)
-                and (attempt_id is None or row[1] == attempt_id)
-                and (name is None or row[2] == name)
-            ]
-            order = {aid: i for i, aid in enumerate(self._attempts)}
-            rows.sort(key=lambda row: (order.get(row[1], -1), row[3]))
-            return [Span.model_validate_json(row[4]) for row in rows[offset : offset + limit]]
+            if attempt_id is not None:
+                inside = rollout_id is None or attempt_id in self._attempts_of.get(rollout_id, [])
+                attempts = [attempt_id] if inside else []
+            elif rollout_id is not None:
+                attempts = self._attempts_of.get(rollout_id, [])
+            else:
+                attempts = list(self._attempts)  # creation order, as the SQL stores order them
+            texts = [text for aid in attempts for text in self._spans.get(aid, {}).values()]
+            if name is None:
+                return [Span.model_validate_json(text) for text in texts[offset : offset + limit]]
+            named = [span for span in map(Span.model_validate_json, texts) if span.name == name]
+            return named[offset : offset + limit]
 
     # --- resources --------------------------------------------------------------------------
     async def add_resources(
@@ -323,13 +333,12 @@ class MemoryStore:
                 for r in self._rollouts.values()
                 if r.status in TERMINAL_ROLLOUT and r.ended_at is not None and r.ended_at < older_than
             ]
-            gone = set(doomed)
             for rid in doomed:
                 del self._rollouts[rid]
                 for aid in self._attempts_of.pop(rid, []):
                     self._attempts.pop(aid, None)
-                    self._span_seq.pop(aid, None)
-            self._spans = {k: row for k, row in self._spans.items() if row[0] not in gone}
+                    for key in self._spans.pop(aid, {}):
+                        del self._span_attempt[key]
             return len(doomed)
 
     async def stats(self) -> StoreStats:
@@ -344,7 +353,7 @@ class MemoryStore:
             return StoreStats(
                 rollouts_by_status=rs,
                 attempts_by_status=ats,
-                spans=len(self._spans),
+                spans=len(self._span_attempt),
                 resources_versions=len(self._resources),
             )
 
