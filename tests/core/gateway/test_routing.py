@@ -6,12 +6,15 @@ import asyncio
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import torch
+from starlette.types import Receive, Scope, Send
 
 from lightning_rl import semconv as sc
 from lightning_rl.engine.hf import TransformersEngine
 from lightning_rl.gateway import create_gateway_app, running_gateway
+from lightning_rl.gateway.app import _GatewayApp  # pyright: ignore[reportPrivateUsage]
 from lightning_rl.store import MemoryStore
 from lightning_rl.store.sqlite import SQLiteStore
 
@@ -148,6 +151,34 @@ async def test_token_is_required_when_set(engine: TransformersEngine, sent: str 
         assert ok.status_code == 200
         ok = await http.post(f"{url}/v1/chat/completions", json=body, headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+
+
+async def test_model_calls_skip_asgi_on_the_gateway_s_own_server(
+    gateway: Gateway, engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Served by ``running_gateway``, model calls go from the HTTP protocol to the handler directly;
+    other routes, streams and errors still answer through the ASGI app."""
+    through_asgi: list[str] = []
+    original = _GatewayApp.__call__
+
+    async def counting(self: _GatewayApp, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            through_asgi.append(scope["path"])
+        await original(self, scope, receive, send)
+
+    monkeypatch.setattr(_GatewayApp, "__call__", counting)
+    [claim] = await claim_attempts(gateway.store, 1)
+    client = gateway.client(rollout_url(gateway.url, claim))
+    await client.models.list()
+    r = await client.chat.completions.create(model=engine.model_name, messages=MESSAGES, max_tokens=3)  # type: ignore[arg-type]
+    assert r.choices[0].message.content is not None
+    stream = await client.chat.completions.create(model=engine.model_name, messages=MESSAGES, max_tokens=3, stream=True)  # type: ignore[arg-type]
+    assert [c async for c in stream]
+    with pytest.raises(openai.BadRequestError):  # n beyond the configured limit: an error response
+        await client.chat.completions.create(model=engine.model_name, messages=MESSAGES, n=9)  # type: ignore[arg-type]
+    assert through_asgi == [f"/rollouts/{claim.rollout.id}/attempts/{claim.attempt.id}/v1/models"]
+    await gateway.flush()
+    assert len(await gateway.store.query_spans(rollout_id=claim.rollout.id)) == 2  # the call and the stream
 
 
 async def test_metrics_prometheus_text(gateway: Gateway) -> None:

@@ -6,19 +6,21 @@ Through FastAPI a call walks a dozen middleware layers, regex-matches up to 16 r
 model-call routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and their
 ``/rollouts/...`` variants) are therefore matched here by splitting the path once, and answered
 straight through ``send``; everything else still goes to FastAPI (the same trick as the store
-server's ``_StoreRoutes``).
+server's ``_StoreRoutes``). Served by ``lightning_rl.gateway.server`` (uvicorn with our protocol),
+these routes skip ASGI altogether: ``_GatewayApp.fast_handler`` hands them to the protocol.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 from typing import Literal
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Send
 
 from lightning_rl.gateway.recording import CallContext
 
-__all__ = ["CallKind", "match_call", "scope_context", "read_body", "send_json", "bearer_ok", "CALL_PATHS"]
+__all__ = ["CallKind", "match_call", "call_context", "read_body", "send_json", "bearer_ok", "CALL_PATHS"]
 
 CallKind = Literal["chat", "completions", "responses"]
 
@@ -65,11 +67,13 @@ def match_call(path: str) -> tuple[CallKind, str | None, str | None, str | None]
     return kind, parts[2], attempt, role
 
 
-def scope_context(scope: Scope, rollout: str | None, attempt: str | None, role: str | None) -> CallContext:
+def call_context(
+    headers: Iterable[tuple[bytes, bytes]], rollout: str | None, attempt: str | None, role: str | None
+) -> CallContext:
     """The call's context: path segments first, ``X-Lightning-*`` headers for what the path lacks."""
     if rollout is None or attempt is None or role is None:
         h_rollout = h_attempt = h_role = None
-        for key, value in scope["headers"]:
+        for key, value in headers:
             if key.startswith(b"x-lightning-"):
                 if key == b"x-lightning-rollout" and h_rollout is None:
                     h_rollout = value.decode("latin-1")
@@ -108,10 +112,10 @@ async def send_json(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def bearer_ok(scope: Scope, expected: bytes) -> bool:
-    """Whether the request carries ``Authorization: <expected>`` (compared in constant time)."""
+def bearer_ok(headers: Iterable[tuple[bytes, bytes]], expected: bytes) -> bool:
+    """Whether the headers carry ``Authorization: <expected>`` (compared in constant time)."""
     given = b""
-    for key, value in scope["headers"]:
+    for key, value in headers:
         if key == b"authorization":
             given = value
             break

@@ -33,10 +33,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from lightning_rl._serving import FastHandler
 from lightning_rl.engine.base import InferenceEngine, SamplingParams
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.gateway import formatting as fmt
-from lightning_rl.gateway._asgi import CALL_PATHS, CallKind, bearer_ok, match_call, read_body, scope_context, send_json
+from lightning_rl.gateway._asgi import CALL_PATHS, CallKind, bearer_ok, call_context, match_call, read_body, send_json
 from lightning_rl.gateway.backends import CallSpec, EngineBackend, GatewayBackend, StreamPiece
 from lightning_rl.gateway.protocol import (
     ChatCompletionRequest,
@@ -620,7 +621,11 @@ class _GatewayApp(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path: str = scope["path"]
-            if self.expected_auth is not None and path != "/health" and not bearer_ok(scope, self.expected_auth):
+            if (
+                self.expected_auth is not None
+                and path != "/health"
+                and not bearer_ok(scope["headers"], self.expected_auth)
+            ):
                 msg = "missing or wrong API key: send 'Authorization: Bearer <the gateway token>'."
                 await error_response(401, msg, type="authentication_error", code="invalid_api_key")(
                     scope, receive, send
@@ -633,13 +638,30 @@ class _GatewayApp(FastAPI):
                     raw = await read_body(receive)
                     if raw is None:
                         return  # the client left before sending its request: nobody to answer
-                    out = await self.calls[kind](raw, scope_context(scope, rollout, attempt, role))
+                    out = await self.calls[kind](raw, call_context(scope["headers"], rollout, attempt, role))
                     if isinstance(out, bytes):
                         await send_json(send, 200, out)
                     else:
                         await out(scope, receive, send)
                     return
         await super().__call__(scope, receive, send)
+
+    def fast_handler(self, path: str, headers: list[tuple[bytes, bytes]]) -> FastHandler | None:
+        """The model-call routes for the serving protocol's fast path (``lightning_rl._serving``);
+        ``None`` sends the request through ``__call__`` (other routes, a missing or wrong token)."""
+        if self.expected_auth is not None and not bearer_ok(headers, self.expected_auth):
+            return None
+        hit = match_call(path)
+        if hit is None:
+            return None
+        kind, rollout, attempt, role = hit
+        handler = self.calls[kind]
+        ctx = call_context(headers, rollout, attempt, role)
+
+        def answer(raw: bytes) -> Awaitable[bytes | Response]:
+            return handler(raw, ctx)
+
+        return answer
 
 
 def _endpoint(handler: _Handler) -> Callable[[Request], Awaitable[Response]]:
