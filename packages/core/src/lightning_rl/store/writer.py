@@ -66,7 +66,8 @@ class SpanWriter:
     Args:
         store: Any store backend (memory, SQLite, PostgreSQL, HTTP client).
         max_batch: Most spans sent in one ``add_spans`` call.
-        flush_interval_s: How long a partial batch waits for company before it is sent.
+        flush_interval_s: How long a partial batch waits for company before it is sent (zero: one
+            event-loop step, for the spans of the other calls completing in the same step).
         max_queue: Most spans held in memory; beyond it the oldest are dropped and counted.
         initial_backoff_s: First retry delay after a failed write; doubles up to ``max_backoff_s``.
         max_backoff_s: Longest delay between retries of a failing store.
@@ -237,7 +238,7 @@ class SpanWriter:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if len(self._queue) < self.max_batch and not self._flush_now and self.flush_interval_s > 0:
+            if len(self._queue) < self.max_batch and not self._flush_now:
                 await asyncio.sleep(self.flush_interval_s)  # let a partial batch fill up a little
             with self._lock:
                 n = min(self.max_batch, len(self._queue))
