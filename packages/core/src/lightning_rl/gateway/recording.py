@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,7 +140,7 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
             _span(
                 {
                     "trace_id": trace_id,
-                    "span_id": os.urandom(8).hex(),
+                    "span_id": f"{random.getrandbits(64):016x}",  # as new_call_id: no system call
                     "parent_id": None,
                     "name": sc.SPAN_LLM_CALL,
                     "kind": "client",
