@@ -242,3 +242,34 @@ async def test_shutdown_waits_for_the_fast_call_in_flight() -> None:
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
+
+
+async def test_keep_alive_closes_idle_connections_only() -> None:
+    """One keep-alive timer per connection: an idle connection closes after the timeout; one in use,
+    or waiting for a call longer than the timeout, stays open."""
+    app = _App()
+    timeout = 0.3
+    async with running_gateway(app, timeout_keep_alive=timeout) as url:
+        host, port = url.removeprefix("http://").split(":")
+        busy_reader, busy = await asyncio.open_connection(host, int(port))
+        idle_reader, idle = await asyncio.open_connection(host, int(port))
+        idle.write(_request("POST", "/fast/echo", b"once"))
+        assert (await _response(idle_reader))[0] == 200
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for i in range(8):  # 8 calls 0.1 s apart: busy for over twice the timeout
+            busy.write(_request("POST", "/fast/echo", str(i).encode()))
+            assert _json((await _response(busy_reader))[2])["body"] == str(i)
+            await asyncio.sleep(0.1)
+        assert loop.time() - start > 2 * timeout
+        assert await asyncio.wait_for(idle_reader.read(), 1) == b""  # the idle one was closed
+        # a call that takes longer than the timeout is not cut off
+        busy.write(_request("POST", "/fast/slow", b"long"))
+        loop.call_later(3 * timeout, app.release.set)
+        status, _, body = await _response(busy_reader)
+        assert status == 200 and _json(body)["body"] == "long"
+        t0 = loop.time()
+        assert await asyncio.wait_for(busy_reader.read(), 3) == b""  # then idle: closed after the timeout
+        assert loop.time() - t0 >= timeout * 0.9
+        busy.close()
+        idle.close()

@@ -176,6 +176,49 @@ def _httptools_protocol() -> type[asyncio.Protocol]:
             self._fast = getattr(self.app, "fast_handler", None)
             super().connection_made(cast(asyncio.Transport, self._out))
 
+        # --- keep-alive: one timer per connection ------------------------------------------
+        # uvicorn cancels its keep-alive timer when a request's bytes arrive and arms a new one
+        # after every response: a timer per call (~4 % of the gateway's CPU per call). Here the
+        # timer stays armed: bytes and responses only mark the connection active, and the timer,
+        # when it fires, closes the connection only if nothing happened for the whole timeout
+        # and no request is in flight (else it waits out the rest). Unlike uvicorn's, it also
+        # closes a connection whose client stopped half-way through a request's head.
+        _last_active = 0.0
+
+        def _unset_keepalive_if_required(self) -> None:
+            self._last_active = self.loop.time()
+
+        def on_response_complete(self) -> None:
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self._last_active = self.loop.time()
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            elif self.timeout_keep_alive_task is None:
+                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_check)
+
+        def _keep_alive_check(self) -> None:
+            self.timeout_keep_alive_task = None
+            in_flight = cast(RequestResponseCycle | None, self.cycle)
+            if self.transport.is_closing() or (in_flight is not None and not in_flight.response_complete):
+                return  # closed, or a request in flight: its response arms the timer again
+            idle = self.loop.time() - self._last_active
+            if idle >= self.timeout_keep_alive:
+                self.timeout_keep_alive_handler()
+            else:
+                wait = self.timeout_keep_alive - idle
+                self.timeout_keep_alive_task = self.loop.call_later(wait, self._keep_alive_check)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            if self.timeout_keep_alive_task is not None:
+                self.timeout_keep_alive_task.cancel()
+                self.timeout_keep_alive_task = None
+
+        # --- the fast path --------------------------------------------------------------------
         def on_headers_complete(self) -> None:
             fast = self._fast
             parser: Any = self.parser
