@@ -108,7 +108,8 @@ Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWrite
 async def served() -> AsyncIterator[tuple[_App, Connect]]:
     app = _App()
     writers: list[asyncio.StreamWriter] = []
-    async with running_gateway(app) as url:
+    # a bounded shutdown: a regression that leaves a request hanging fails its test, not the session
+    async with running_gateway(app, timeout_graceful_shutdown=5) as url:
         host, port = url.removeprefix("http://").split(":")
 
         async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -135,6 +136,21 @@ async def test_fast_routes_skip_asgi_and_keep_the_connection_alive(served: tuple
     status, _, body = await _response(reader)
     assert status == 200 and _json(body)["via"] == "asgi"
     assert app.fast_calls == ["/fast/echo"] * 3 and app.asgi_calls == ["/other"]
+
+
+async def test_a_body_larger_than_uvicorn_s_read_buffer_arrives_whole(served: tuple[_App, Connect]) -> None:
+    _, connect = served
+    reader, writer = await connect()
+    big = b"x" * (3 * 1024 * 1024)  # long prompts are common; uvicorn pauses reading past 64 KiB
+    writer.write(_request("POST", "/fast/echo", big))
+    status, _, body = await asyncio.wait_for(_response(reader), 30)
+    assert status == 200 and _json(body)["body"] == big.decode()
+    # a chunked request body too
+    chunked = b"POST /fast/echo HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunked += b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    writer.write(chunked)
+    status, _, body = await asyncio.wait_for(_response(reader), 30)
+    assert status == 200 and _json(body) == {"via": "fast", "path": "/fast/echo", "body": "hello world"}
 
 
 async def test_pipelined_requests_are_answered_in_order(served: tuple[_App, Connect]) -> None:

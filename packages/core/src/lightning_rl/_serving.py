@@ -265,6 +265,15 @@ def _httptools_protocol() -> type[asyncio.Protocol]:
             cycle.handler = handler
             self.cycle = cycle
 
+        def on_body(self, body: bytes) -> None:
+            cycle = self.cycle
+            if isinstance(cycle, _FastCycle) and not cycle.started:
+                # The handler wants the whole body at once: keep reading. (uvicorn pauses reading
+                # past 64 KiB until the app's ``receive`` asks for more, which no fast handler does.)
+                cycle.body += body
+                return
+            super().on_body(body)
+
         def on_message_complete(self) -> None:
             cycle = self.cycle
             if not isinstance(cycle, _FastCycle) or cycle.started or cycle.response_complete:
