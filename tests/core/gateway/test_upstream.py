@@ -131,3 +131,14 @@ async def test_completions_and_version_hook_in_upstream_mode(store: MemoryStore)
     spans = await store.query_spans(rollout_id=claim.rollout.id)
     assert [s.attributes[sc.MODEL_VERSION] for s in spans] == [0, 4]
     assert spans[0].attributes[sc.PROMPT_TOKEN_IDS] == [7, 8, 9]
+
+
+async def test_a_long_prompt_is_forwarded_whole(upstream_gateway: Gateway, fake: FakeUpstream) -> None:
+    """A prompt far past the HTTP server's 64 KiB read buffer (long agent contexts are common)."""
+    gw = upstream_gateway
+    [claim] = await claim_attempts(gw.store, 1)
+    long_text = "lorem ipsum " * 40_000  # ~480 KB
+    client = gw.client(rollout_url(gw.url, claim))
+    r = await client.chat.completions.create(model="served-model", messages=[{"role": "user", "content": long_text}])
+    assert r.choices[0].message.content == "plain answer"
+    assert fake.requests[-1]["messages"][0]["content"] == long_text
