@@ -15,7 +15,8 @@ handler may instead return an ASGI app (an error, a stream), which then runs thr
 ordinary cycle. Anything unusual (``Expect: 100-continue``, an upgrade, HTTP/1.0, a
 ``root_path``, a concurrency limit, a request pipelined behind one still in flight) takes
 uvicorn's own path, so keep-alive, pipelining order, disconnects and graceful shutdown behave as
-uvicorn makes them behave.
+uvicorn makes them behave. With httptools the keep-alive timeout is kept by one timer per
+connection rather than one per response (see ``_Protocol``).
 """
 
 from __future__ import annotations
