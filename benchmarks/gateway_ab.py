@@ -71,11 +71,7 @@ def main() -> None:
             print(f"{name} {src}: gateway CPU {cpu:.4f} ms/call, p50 {p50:.2f} ms (medians of {len(rows)} rounds)")
             print(f"  CPU per round: {', '.join(f'{c:.3f}' for _, c in rows)}")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
-        scratch.cleanup()
+        bench.stop(procs, scratch)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,15 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True, env=env)
 
 
+def stop(procs: list[subprocess.Popen[str]], scratch: tempfile.TemporaryDirectory[str]) -> None:
+    """Stop the server processes, then remove their scratch folder."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=10)
+    scratch.cleanup()
+
+
 def _wait_ready(url: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -354,11 +363,7 @@ def main() -> None:
                 break
             time.sleep(0.1)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
-        scratch.cleanup()
+        stop(procs, scratch)
     print(
         f"\nspans written={metrics.get('spans_written_total')} dropped={metrics.get('spans_dropped_total')} "
         f"pending={metrics.get('spans_pending')}; load(1 min) after={_load():.2f}"
