@@ -32,6 +32,8 @@ class _App:
     asgi_calls: list[str] = field(default_factory=list[str])
     finished: list[str] = field(default_factory=list[str])
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    futures: bool = False
+    """Handlers return a future (answered by its callback) instead of a coroutine (run in a task)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -73,6 +75,8 @@ class _App:
                 raise RuntimeError("a bug in the handler")
             return json.dumps({"via": "fast", "path": path, "body": raw.decode()}).encode()
 
+        if self.futures:
+            return lambda raw: asyncio.ensure_future(handle(raw))
         return handle
 
 
@@ -104,9 +108,9 @@ def _json(body: bytes) -> dict[str, Any]:
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[_App, Connect]]:
-    app = _App()
+@pytest.fixture(params=["coroutine", "future"])
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[_App, Connect]]:
+    app = _App(futures=request.param == "future")
     writers: list[asyncio.StreamWriter] = []
     # a bounded shutdown: a regression that leaves a request hanging fails its test, not the session
     async with running_gateway(app, timeout_graceful_shutdown=5) as url:
@@ -240,8 +244,9 @@ async def test_a_client_that_leaves_mid_call_breaks_nothing(served: tuple[_App, 
     assert _json((await _response(reader))[2])["body"] == "next"
 
 
-async def test_shutdown_waits_for_the_fast_call_in_flight() -> None:
-    app = _App()
+@pytest.mark.parametrize("futures", [False, True])
+async def test_shutdown_waits_for_the_fast_call_in_flight(futures: bool) -> None:
+    app = _App(futures=futures)
     async with AsyncExitStack() as stack:
         url = await stack.enter_async_context(running_gateway(app))
         host, port = url.removeprefix("http://").split(":")

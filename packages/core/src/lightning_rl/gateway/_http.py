@@ -4,19 +4,22 @@ Profiling the upstream mode showed ``httpx`` spending ~1 ms of CPU per forwarded
 parsing, cookies, header models, h11 state machine): the biggest share of the gateway's overhead.
 This client does only what the hot path needs: ``POST`` a JSON body over a pooled keep-alive
 connection and read a ``Content-Length``, chunked or close-delimited response. Each connection is
-a bare ``asyncio.Protocol`` that parses the response as bytes arrive and resolves one future per
-call (no stream reader, no extra task, one timer), so a forwarded call costs the gateway a few
-microseconds of Python on top of the two system calls. Everything else (streams, model listing)
-still goes through ``httpx``.
+a bare ``asyncio.Protocol`` that parses the response as bytes arrive and calls back once per call
+(no stream reader, no future, no task, one timer), so a forwarded call costs the gateway a few
+microseconds of Python on top of the two system calls; the gateway's non-streamed path chains its
+own callback on it (``start``), ``post`` wraps it in a future. Everything else (streams, model
+listing) still goes through ``httpx``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from functools import partial
 from typing import cast
 from urllib.parse import urlsplit
 
-__all__ = ["LeanHTTPClient"]
+__all__ = ["LeanHTTPClient", "OnDone"]
 
 _MAX_HEAD = 64 * 1024
 
@@ -25,13 +28,17 @@ class _StaleConnection(ConnectionError):
     """A pooled connection the server had closed: nothing came back, so the call may be retried."""
 
 
+OnDone = Callable[[int, bytes, BaseException | None], None]
+"""Told how an exchange ended: ``(status, body, None)``, or ``(0, b"", error)``."""
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection carrying one request at a time."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.reusable = False
-        self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self._on_done: OnDone | None = None
         self._buf = bytearray()
         self._timer: asyncio.TimerHandle | None = None
         self._status = 0
@@ -48,7 +55,7 @@ class _Connection(asyncio.Protocol):
         self.reusable = True
 
     def data_received(self, data: bytes) -> None:
-        if self._waiter is None or self._waiter.done():
+        if self._on_done is None:
             self.reusable = False  # bytes nobody asked for: this connection is out of step
             return
         self._received = True
@@ -60,7 +67,7 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self.reusable = False
-        if self._until_eof and self._waiter is not None and self._body_at >= 0:
+        if self._until_eof and self._on_done is not None and self._body_at >= 0:
             self._done(bytes(self._buf[self._body_at :]))
         return None  # let the transport close itself
 
@@ -74,19 +81,18 @@ class _Connection(asyncio.Protocol):
             self._fail(ConnectionError(f"the upstream closed the connection mid-response ({exc or 'EOF'})"))
 
     # --- one exchange -----------------------------------------------------------------------
-    def send(self, request: bytes, timeout_s: float) -> asyncio.Future[tuple[int, bytes]]:
+    def send(self, request: bytes, timeout_s: float, on_done: OnDone) -> None:
+        """Write ``request``; ``on_done`` is called once, synchronously, when the exchange ends."""
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
-        self._waiter = loop.create_future()
+        self._on_done = on_done
         self._buf = bytearray()
         self._body_at = -1
         self._length = None
         self._chunked = self._until_eof = False
         self._keep_alive = True
         self._received = False
-        self._timer = loop.call_later(timeout_s, self._timed_out, timeout_s)
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._timed_out, timeout_s)
         self.transport.write(request)
-        return self._waiter
 
     def _parse(self) -> None:
         buf = self._buf
@@ -148,26 +154,26 @@ class _Connection(asyncio.Protocol):
             pos = start + size + 2
 
     def _done(self, body: bytes) -> None:
-        waiter = self._finish()
-        if waiter is not None:
+        on_done = self._finish()
+        if on_done is not None:
             self.reusable = self.reusable and self._keep_alive
-            waiter.set_result((self._status, body))
+            on_done(self._status, body, None)
 
     def _fail(self, exc: BaseException) -> None:
         self.reusable = False
-        waiter = self._finish()
-        if waiter is not None:
-            waiter.set_exception(exc)
+        on_done = self._finish()
         if self.transport is not None:
             self.transport.abort()
+        if on_done is not None:
+            on_done(0, b"", exc)
 
-    def _finish(self) -> asyncio.Future[tuple[int, bytes]] | None:
+    def _finish(self) -> OnDone | None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        waiter, self._waiter = self._waiter, None
+        on_done, self._on_done = self._on_done, None
         self._buf = bytearray()
-        return waiter if waiter is not None and not waiter.done() else None
+        return on_done
 
     def _timed_out(self, timeout_s: float) -> None:
         self._timer = None
@@ -177,6 +183,10 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         if self.transport is not None:
             self.transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection now; the exchange in flight fails."""
+        self._fail(ConnectionError("the upstream client was closed"))
 
 
 class LeanHTTPClient:
@@ -195,37 +205,94 @@ class LeanHTTPClient:
         self.timeout_s = timeout_s
         self.max_idle = max_idle
         self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()
+        self._connecting: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         """Send ``body``; returns (status, response body). Raises ``OSError`` when the origin is unreachable."""
+        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        self.start(path, body, partial(_resolve, future))
+        return await future
+
+    def start(self, path: str, body: bytes, on_done: OnDone) -> None:
+        """Send ``body`` and return at once; ``on_done`` is called when the answer is in (or the call
+        failed), from the connection's callback: on a pooled connection no task is involved.
+
+        A call that was started always runs to its end (its answer is read, or the timeout closes
+        the connection); a caller no longer interested ignores ``on_done``.
+        """
+        if self._closed:
+            raise RuntimeError("this LeanHTTPClient is closed; create a new one.")
         request = f"POST {self.prefix}{path} HTTP/1.1\r\n{self._head}{len(body)}\r\n\r\n".encode() + body
+        self._send(request, on_done)
+
+    def _send(self, request: bytes, on_done: OnDone) -> None:
         while self._idle:  # a pooled connection may have been closed by the server meanwhile: retry fresh
             conn = self._idle.pop()
-            if not conn.reusable:
-                conn.close()
-                continue
-            try:
-                return await self._exchange(conn, request)
-            except _StaleConnection:
-                continue
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(min(self.timeout_s, 10.0)):
-            _, conn = await loop.create_connection(_Connection, self.host, self.port)
-        return await self._exchange(conn, request)
-
-    async def _exchange(self, conn: _Connection, request: bytes) -> tuple[int, bytes]:
-        try:
-            result = await conn.send(request, self.timeout_s)
-        except BaseException:  # timed out, cancelled, or the connection broke: never reuse it
+            if conn.reusable:
+                self._busy.add(conn)
+                conn.send(request, self.timeout_s, partial(self._settle, conn, request, on_done))
+                return
             conn.close()
+        task = asyncio.get_running_loop().create_task(self._connect_and_send(request, on_done))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
+
+    async def _connect_and_send(self, request: bytes, on_done: OnDone) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(min(self.timeout_s, 10.0)):
+                _, conn = await loop.create_connection(_Connection, self.host, self.port)
+        except (OSError, TimeoutError) as exc:
+            on_done(0, b"", exc)
+            return
+        except asyncio.CancelledError:
+            on_done(0, b"", ConnectionError("the upstream client was closed"))
             raise
-        if conn.reusable and len(self._idle) < self.max_idle:
+        if self._closed:
+            conn.close()
+            on_done(0, b"", ConnectionError("the upstream client was closed"))
+            return
+        self._busy.add(conn)
+        conn.send(request, self.timeout_s, partial(self._settle, conn, None, on_done))
+
+    def _settle(
+        self,
+        conn: _Connection,
+        request: bytes | None,
+        on_done: OnDone,
+        status: int,
+        body: bytes,
+        exc: BaseException | None,
+    ) -> None:
+        """An exchange ended: pool or close its connection, retry a stale pooled one, tell the caller."""
+        self._busy.discard(conn)
+        if exc is None and conn.reusable and not self._closed and len(self._idle) < self.max_idle:
             self._idle.append(conn)
         else:
             conn.close()
-        return result
+        if isinstance(exc, _StaleConnection) and request is not None and not self._closed:
+            self._send(request, on_done)  # nothing came back: send it again, on another connection
+            return
+        on_done(status, body, exc)
 
     async def aclose(self) -> None:
+        """Close every connection; calls still in flight fail with ``ConnectionError``."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+        for conn in list(self._busy):
+            conn.abort()
+        for task in list(self._connecting):
+            task.cancel()
+
+
+def _resolve(future: asyncio.Future[tuple[int, bytes]], status: int, body: bytes, exc: BaseException | None) -> None:
+    if future.done():
+        return  # the caller was cancelled meanwhile
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result((status, body))

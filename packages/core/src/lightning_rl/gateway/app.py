@@ -38,7 +38,7 @@ from lightning_rl.engine.base import InferenceEngine, SamplingParams
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.gateway import formatting as fmt
 from lightning_rl.gateway._asgi import CALL_PATHS, CallKind, bearer_ok, call_context, match_call, read_body, send_json
-from lightning_rl.gateway.backends import CallSpec, EngineBackend, GatewayBackend, StreamPiece
+from lightning_rl.gateway.backends import CallResult, CallSpec, EngineBackend, GatewayBackend, StreamPiece
 from lightning_rl.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -58,6 +58,7 @@ __all__ = ["GatewayConfig", "create_gateway_app"]
 
 _log = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=BaseModel)
+_T = TypeVar("_T")
 
 #: Model names frameworks send by default; they are mapped to the served model.
 DEFAULT_ALIASES: tuple[str, ...] = ("gpt-5.6-luna",)
@@ -139,6 +140,13 @@ def _validate(model: type[_M], body: dict[str, Any]) -> _M:
         raise GatewayHTTPError(400, message, param=param) from exc
 
 
+def _ready(response: Response) -> asyncio.Future[bytes | Response]:
+    """An answer known at once (an error), as the future the call handlers return."""
+    future: asyncio.Future[bytes | Response] = asyncio.get_running_loop().create_future()
+    future.set_result(response)
+    return future
+
+
 def _failure(exc: BaseException) -> Response:
     if isinstance(exc, GatewayHTTPError):
         return exc.response()
@@ -184,6 +192,9 @@ class _Gateway:
         self.errors: Counter[int] = Counter()
         self.streams_cancelled = 0
         self.in_flight = 0
+        # optional: a non-streamed call as a future, no task (see GatewayBackend)
+        submit: Callable[[CallSpec], asyncio.Future[CallResult]] | None = getattr(backend, "submit", None)
+        self._submit = submit or self._run_in_task
 
     # --- validation -------------------------------------------------------------------------
     def _model(self, requested: str | None, ctx: CallContext) -> str:
@@ -271,7 +282,7 @@ class _Gateway:
         return JSONResponse({"object": "list", "data": data})
 
     # --- /v1/chat/completions ---------------------------------------------------------------
-    async def chat(self, raw: bytes, ctx: CallContext) -> bytes | Response:
+    def chat(self, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
         start_ns = time.time_ns()
         self.requests["chat.completions"] += 1
         try:
@@ -310,24 +321,23 @@ class _Gateway:
             created = int(time.time())
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                pieces = await self._open_stream(spec)
 
-                def chunks(acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
+                def chunks(pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
                     return self._chat_chunks(pieces, acc, rid, created, model, want_lp, include_usage)
 
-                return self._sse(
+                return self._stream(
                     chunks, n, ctx, "chat.completions", "chat", req.model, rid, start_ns, spec, req.messages
                 )
-            self.in_flight += 1
-            try:
-                result = await self.backend.run(spec)
-            finally:
-                self.in_flight -= 1
-            info = self._info("chat.completions", "chat", req.model, rid, False, start_ns, spec, req.messages)
-            self.recorder.record(ctx, info, result)
-            return dumpb(fmt.chat_response(rid, created, model, result, want_lp))
+            request_model, inputs = req.model, req.messages
+
+            def finish(result: CallResult) -> bytes:
+                info = self._info("chat.completions", "chat", request_model, rid, False, start_ns, spec, inputs)
+                self.recorder.record(ctx, info, result)
+                return dumpb(fmt.chat_response(rid, created, model, result, want_lp))
+
+            return self._call(self._submit(spec), finish)
         except Exception as exc:
-            return self._error(exc)
+            return _ready(self._error(exc))
 
     async def _chat_chunks(
         self,
@@ -361,7 +371,7 @@ class _Gateway:
         yield "data: [DONE]\n\n"
 
     # --- /v1/completions --------------------------------------------------------------------
-    async def completions(self, raw: bytes, ctx: CallContext) -> bytes | Response:
+    def completions(self, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
         start_ns = time.time_ns()
         self.requests["completions"] += 1
         try:
@@ -383,32 +393,37 @@ class _Gateway:
                 if len(specs) != 1:
                     raise GatewayHTTPError(400, "streaming accepts a single prompt; send one request per prompt.")
                 spec = specs[0]
-                pieces = await self._open_stream(spec)
 
-                async def chunks(acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
+                async def chunks(
+                    pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator
+                ) -> AsyncGenerator[str]:
                     async for piece in pieces:
                         acc.add(piece)
                         if piece.index >= 0:
                             yield fmt.completion_chunk(rid, created, model, piece, want_lp, acc)
                     yield "data: [DONE]\n\n"
 
-                return self._sse(
+                return self._stream(
                     chunks, n, ctx, "completions", "text_completion", req.model, rid, start_ns, spec, spec.prompt
                 )
-            self.in_flight += 1
-            try:
-                results = await asyncio.gather(*(self.backend.run(s) for s in specs))
-            finally:
-                self.in_flight -= 1
-            for spec, result in zip(specs, results, strict=True):
-                info = self._info("completions", "text_completion", req.model, rid, False, start_ns, spec, spec.prompt)
-                self.recorder.record(ctx, info, result)
-            return dumpb(fmt.completion_response(rid, created, model, list(results), n, want_lp))
+            request_model = req.model
+
+            def finish(results: list[CallResult]) -> bytes:
+                for spec, result in zip(specs, results, strict=True):
+                    info = self._info(
+                        "completions", "text_completion", request_model, rid, False, start_ns, spec, spec.prompt
+                    )
+                    self.recorder.record(ctx, info, result)
+                return dumpb(fmt.completion_response(rid, created, model, results, n, want_lp))
+
+            if len(specs) == 1:
+                return self._call(self._submit(specs[0]), lambda result: finish([result]))
+            return self._call(asyncio.gather(*(self._submit(s) for s in specs)), finish)
         except Exception as exc:
-            return self._error(exc)
+            return _ready(self._error(exc))
 
     # --- /v1/responses ----------------------------------------------------------------------
-    async def responses(self, raw: bytes, ctx: CallContext) -> bytes | Response:
+    def responses(self, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
         start_ns = time.time_ns()
         self.requests["responses"] += 1
         try:
@@ -442,9 +457,10 @@ class _Gateway:
             created = int(time.time())
             if req.stream:
                 events = fmt.ResponsesEvents(rid, created, model, req)
-                pieces = await self._open_stream(spec)
 
-                async def chunks(acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
+                async def chunks(
+                    pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator
+                ) -> AsyncGenerator[str]:
                     for event in events.start():
                         yield event
                     async for piece in pieces:
@@ -455,20 +471,69 @@ class _Gateway:
                     for event in events.finish(acc.result()):
                         yield event
 
-                return self._sse(chunks, 1, ctx, "responses", "chat", req.model, rid, start_ns, spec, messages)
-            self.in_flight += 1
+                return self._stream(chunks, 1, ctx, "responses", "chat", req.model, rid, start_ns, spec, messages)
+
+            def finish(result: CallResult) -> bytes:
+                info = self._info("responses", "chat", req.model, rid, False, start_ns, spec, messages)
+                self.recorder.record(ctx, info, result)
+                message_id = "msg_" + rid.removeprefix("resp_")[:24]
+                return dumpb(fmt.response_object(rid, created, model, req, result, message_id=message_id))
+
+            return self._call(self._submit(spec), finish)
+        except Exception as exc:
+            return _ready(self._error(exc))
+
+    # --- non-streamed calls: callbacks, no task -------------------------------------------
+    def _run_in_task(self, spec: CallSpec) -> asyncio.Future[CallResult]:
+        """``submit`` for a backend that has only ``run``."""
+        return asyncio.ensure_future(self.backend.run(spec))
+
+    def _call(self, pending: asyncio.Future[_T], finish: Callable[[_T], bytes]) -> asyncio.Future[bytes | Response]:
+        """The answer to a call once ``pending`` (the backend's work) is done: ``finish(result)``
+        (record and format), or the error response. Chained by callbacks, so the serving
+        protocol's fast path writes it without a task (see ``lightning_rl._serving``)."""
+        self.in_flight += 1
+        out: asyncio.Future[bytes | Response] = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future[_T]) -> None:
+            self.in_flight -= 1
+            if out.done():
+                return  # the caller gave up (cancelled): nobody to answer
             try:
-                result = await self.backend.run(spec)
-            finally:
-                self.in_flight -= 1
-            info = self._info("responses", "chat", req.model, rid, False, start_ns, spec, messages)
-            self.recorder.record(ctx, info, result)
-            message_id = "msg_" + rid.removeprefix("resp_")[:24]
-            return dumpb(fmt.response_object(rid, created, model, req, result, message_id=message_id))
+                out.set_result(finish(f.result()))
+            except asyncio.CancelledError:
+                out.cancel()
+            except Exception as exc:
+                out.set_result(self._error(exc))
+
+        pending.add_done_callback(done)
+        return out
+
+    # --- streaming plumbing -----------------------------------------------------------------
+    async def _stream(
+        self,
+        make_chunks: Callable[[AsyncGenerator[StreamPiece], fmt.StreamAccumulator], AsyncGenerator[str]],
+        n: int,
+        ctx: CallContext,
+        api: str,
+        operation: str,
+        request_model: str | None,
+        rid: str,
+        start_ns: int,
+        spec: CallSpec,
+        inputs: Any,
+    ) -> Response:
+        """A streamed answer: the backend's stream opened (its first piece in), as an SSE response."""
+        try:
+            pieces = await self._open_stream(spec)
         except Exception as exc:
             return self._error(exc)
 
-    # --- streaming plumbing -----------------------------------------------------------------
+        def chunks(acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
+            return make_chunks(pieces, acc)
+
+        return self._sse(chunks, n, ctx, api, operation, request_model, rid, start_ns, spec, inputs)
+
     async def _open_stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]:
         """Start a backend stream and wait for its first piece, so early errors (prompt too long,
         upstream down) become a proper error response instead of a broken stream."""

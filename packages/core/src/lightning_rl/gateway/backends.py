@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Literal, Protocol
 
 import httpx
@@ -116,7 +117,12 @@ class StreamPiece:
 
 
 class GatewayBackend(Protocol):
-    """What the gateway app needs from a backend."""
+    """What the gateway app needs from a backend.
+
+    A backend may also offer ``submit(spec) -> asyncio.Future[CallResult]``: ``run`` started
+    without awaiting it. The gateway then chains the answer on the future's callback instead of
+    running a task per call (``UpstreamBackend`` does; without it, ``run`` runs in a task).
+    """
 
     @property
     def model_name(self) -> str: ...
@@ -463,7 +469,7 @@ class UpstreamBackend:
             path = "/v1/completions"
         return path, dumpb(body)
 
-    def _unavailable(self, exc: Exception) -> GatewayHTTPError:
+    def _unavailable(self, exc: BaseException) -> GatewayHTTPError:
         return GatewayHTTPError(
             503,
             f"the upstream model server {self.url} is unavailable ({type(exc).__name__}: {exc}); retry later.",
@@ -482,15 +488,39 @@ class UpstreamBackend:
 
     # --- non-streaming ----------------------------------------------------------------------
     async def run(self, spec: CallSpec) -> CallResult:
+        return await self.submit(spec)
+
+    def submit(self, spec: CallSpec) -> asyncio.Future[CallResult]:
+        """Start a non-streamed call; its future resolves to the result. Over plain ``http://`` it
+        is chained on the lean client's callback, so the call needs no task of its own."""
         path, content = self._body(spec, stream=False)
+        loop = asyncio.get_running_loop()
+        if self._lean is None:
+            return loop.create_task(self._post_httpx(spec, path, content))
+        future: asyncio.Future[CallResult] = loop.create_future()
+        self._lean.start(path, content, partial(self._answered, spec, future))
+        return future
+
+    def _answered(
+        self, spec: CallSpec, future: asyncio.Future[CallResult], status: int, raw: bytes, exc: BaseException | None
+    ) -> None:
+        if future.done():
+            return  # the caller gave up
         try:
-            if self._lean is not None:
-                status, raw = await self._lean.post(path, content)
-            else:
-                resp = await self._client.post(path, content=content)
-                status, raw = resp.status_code, resp.content
-        except (httpx.TransportError, OSError, TimeoutError) as exc:
+            if exc is not None:
+                raise self._unavailable(exc) from exc
+            future.set_result(self._result(spec, status, raw))
+        except Exception as error:
+            future.set_exception(error)
+
+    async def _post_httpx(self, spec: CallSpec, path: str, content: bytes) -> CallResult:
+        try:
+            resp = await self._client.post(path, content=content)
+        except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
+        return self._result(spec, resp.status_code, resp.content)
+
+    def _result(self, spec: CallSpec, status: int, raw: bytes) -> CallResult:
         if status >= 400:
             raise self._upstream_error(status, raw.decode(errors="replace"))
         data: dict[str, Any] = loads(raw)
