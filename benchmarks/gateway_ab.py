@@ -10,17 +10,29 @@ between them makes the comparison fair: a noisy minute hits both. Each version i
 
 Prints, per version, the median over rounds of the gateway's CPU per call and of the p50 latency
 with 32 raw clients (see ``gateway_overhead.py`` for the processes and the client).
+
+``--instructions`` counts instead the user-space instructions each gateway executes per call,
+running both under valgrind's callgrind (installed separately; ~50x slower, so use fewer
+``--requests``). Counts repeat within ~2 % from round to round whatever the host does (what
+moves them is how many calls share an event-loop step), so they show changes of a few per cent
+that CPU time hides. They leave out the kernel's share (the
+socket system calls) and count some C libraries differently from real hardware (orjson takes
+its scalar path under valgrind), so they rank changes to the Python path; CPU time and latency
+remain the figures to quote.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,7 +47,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000, help="Calls per burst.")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--store", choices=("memory", "sqlite"), default="memory")
+    parser.add_argument(
+        "--instructions", action="store_true", help="Count instructions per call under callgrind (see above)."
+    )
     args = parser.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        parser.error("--instructions needs valgrind (e.g. apt install valgrind).")
 
     scratch = tempfile.TemporaryDirectory(prefix="lightning-ab-")
     up_port = bench._free_port()  # pyright: ignore[reportPrivateUsage]
@@ -49,13 +66,36 @@ def main() -> None:
             store = "memory" if args.store == "memory" else os.path.join(scratch.name, f"{i}.sqlite")
             env = {**os.environ, "PYTHONPATH": os.path.abspath(src), "PYTHONUNBUFFERED": "1"}
             cmd = [sys.executable, bench.__file__, "--serve-gateway", str(port), upstream, store]
+            if args.instructions:  # instrumented only while a burst is measured (callgrind_control -i)
+                out = os.path.join(scratch.name, f"callgrind-{i}.out")
+                log = os.path.join(scratch.name, f"valgrind-{i}.log")
+                cmd = [
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--instr-atstart=no",
+                    f"--callgrind-out-file={out}",
+                    f"--log-file={log}",
+                    *cmd,
+                ]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
             procs.append(proc)
             assert proc.stdout is not None
             attempt = proc.stdout.readline().split()[1]
-            bench._wait_ready(f"http://127.0.0.1:{port}/health")  # pyright: ignore[reportPrivateUsage]
+            bench._wait_ready(f"http://127.0.0.1:{port}/health", 300)  # pyright: ignore[reportPrivateUsage]
             url = f"http://127.0.0.1:{port}/rollouts/bench/attempts/{attempt}/v1/chat/completions"
             gateways.append((proc, url))
+        if args.instructions:
+            counts: list[list[float]] = [[], []]
+            for r in range(args.rounds):
+                for i in (0, 1) if r % 2 == 0 else (1, 0):
+                    proc, url = gateways[i]
+                    out = os.path.join(scratch.name, f"callgrind-{i}.out")
+                    counts[i].append(_instructions_per_call(proc.pid, out, url, args.clients, args.requests))
+            for name, src, per_call in zip("AB", (args.a, args.b), counts, strict=True):
+                k = statistics.median(per_call) / 1e3
+                print(f"{name} {src}: {k:.1f} k instructions/call (median of {len(per_call)} rounds)")
+                print(f"  per round: {', '.join(f'{c / 1e3:.1f}' for c in per_call)}")
+            return
         results: list[list[tuple[float, float]]] = [[], []]
         for r in range(args.rounds):
             for i in (0, 1) if r % 2 == 0 else (1, 0):
@@ -72,6 +112,32 @@ def main() -> None:
             print(f"  CPU per round: {', '.join(f'{c:.3f}' for _, c in rows)}")
     finally:
         bench.stop(procs, scratch)
+
+
+def _instructions_per_call(pid: int, out: str, url: str, clients: int, requests: int) -> float:
+    """Instructions the callgrind-run gateway ``pid`` (profile file ``out``) executes per call in one burst."""
+
+    def control(*args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True, check=True)
+
+    control("--zero")
+    control("--instr=on")
+    m = asyncio.run(bench.measure_raw(url, clients, requests))
+    control("--instr=off")
+    before = set(glob.glob(out + ".*"))
+    control("--dump")
+    deadline = time.monotonic() + 60
+    while not (new := set(glob.glob(out + ".*")) - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not new:
+        raise RuntimeError(f"callgrind wrote no profile for pid {pid}")
+    time.sleep(0.2)  # let the dump finish writing
+    total = 0
+    with open(max(new, key=os.path.getmtime)) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                total = int(line.split()[1])
+    return total / (m["n"] + clients * bench.WARMUP_PER_CLIENT)
 
 
 if __name__ == "__main__":

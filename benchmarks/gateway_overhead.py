@@ -27,7 +27,11 @@ gateway path minus direct. The 1-minute load average before and after is printed
 machine, quote numbers taken at load < 0.5.
 
     uv run python benchmarks/gateway_overhead.py [--clients 1,32] [--requests N] [--runs 5]
-        [--client raw|openai|httpx] [--store memory|sqlite]
+        [--client raw|openai|httpx] [--store memory|sqlite] [--reference]
+
+``--reference`` adds a fourth path: ``minimal_proxy.py``, a bare forwarding proxy (httptools,
+orjson, a pooled upstream connection; no validation, no recording) that shows what the host's
+loopback TCP, event loop and JSON alone cost a Python proxy: the floor under the gateway.
 
 Target (issue 3): <= 2 ms added at p50 with 32 clients.
 """
@@ -55,6 +59,7 @@ BODY: dict[str, Any] = {
     "temperature": 1.0,
 }
 WARMUP_PER_CLIENT = 5
+REFERENCE = "minimal proxy (reference)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,7 +287,8 @@ def _report(clients: int, requests: int, results: dict[str, list[dict[str, float
     print("| path | p50 ms | p99 ms | requests/s | gateway CPU ms/req | upstream CPU ms/req | client CPU ms/req |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in paths:
-        gw_cpu = f"{cpu_ms(name, 'gateway'):.3f}" if name != "direct" else "-"
+        server = "reference" if name == REFERENCE else "gateway"
+        gw_cpu = f"{cpu_ms(name, server):.3f}" if name != "direct" else "-"
         print(
             f"| {name} | {median(name, 'p50_ms'):.2f} | {median(name, 'p99_ms'):.2f} | {median(name, 'rps'):.0f} "
             f"| {gw_cpu} | {cpu_ms(name, 'upstream'):.3f} | {cpu_ms(name, 'client'):.3f} |"
@@ -290,6 +296,10 @@ def _report(clients: int, requests: int, results: dict[str, list[dict[str, float
     added50 = median("gateway", "p50_ms") - median("direct", "p50_ms")
     added99 = median("gateway", "p99_ms") - median("direct", "p99_ms")
     print(f"| **added by the gateway** | **{added50:.2f}** | {added99:.2f} | | | | |")
+    if REFERENCE in results:
+        ref50 = median(REFERENCE, "p50_ms") - median("direct", "p50_ms")
+        ref99 = median(REFERENCE, "p99_ms") - median("direct", "p99_ms")
+        print(f"| added by the minimal proxy (reference) | {ref50:.2f} | {ref99:.2f} | | | | |")
     for name in paths:
         runs = ", ".join(f"{r['p50_ms']:.2f}" for r in results[name])
         print(f"{name} p50 per run: {runs}")
@@ -313,6 +323,12 @@ def main() -> None:
         help="Where the gateway records: an in-process MemoryStore (the default; spans kept as JSON text in the "
         "gateway's heap) or a SQLite file in a scratch folder (what `gateway serve --store PATH` and the trainer "
         "use; its writer thread shares the gateway's process and GIL).",
+    )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="Also measure benchmarks/minimal_proxy.py (a bare forwarding proxy: the floor a Python gateway "
+        "can reach on this host) as a fourth path.",
     )
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-gateway", nargs=3, metavar=("PORT", "UPSTREAM", "STORE"), help=argparse.SUPPRESS)
@@ -345,6 +361,17 @@ def main() -> None:
             "gateway": f"{gateway}/rollouts/bench/attempts/{attempt}/v1/chat/completions",
             "gateway, not recorded": f"{gateway}/v1/chat/completions",
         }
+        if args.reference:
+            ref_port = _free_port()
+            script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "minimal_proxy.py")
+            reference = subprocess.Popen(
+                [sys.executable, script, str(ref_port), str(up_port)], stdout=subprocess.PIPE, text=True
+            )
+            procs.append(reference)
+            assert reference.stdout is not None
+            reference.stdout.readline()  # READY
+            pids["reference"] = reference.pid
+            urls[REFERENCE] = f"http://127.0.0.1:{ref_port}/v1/chat/completions"
         print(
             f"cpus={os.cpu_count()} python={sys.version.split()[0]} client={args.client} store={args.store} "
             f"load(1 min) before={load_before:.2f}",

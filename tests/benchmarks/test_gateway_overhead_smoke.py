@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,25 @@ def test_gateway_ab_runs() -> None:
     lines = [line for line in out.stdout.splitlines() if "gateway CPU" in line]
     assert [line[0] for line in lines] == ["A", "B"]
     assert all("medians of 2 rounds" in line for line in lines)
+
+
+def test_gateway_overhead_reference_path_runs() -> None:
+    """``--reference`` measures the bare forwarding proxy too (the floor under the gateway)."""
+    args = ["--clients", "2", "--requests", "40", "--runs", "1", "--reference"]
+    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| minimal proxy (reference) |"))
+    assert float(row.split("|")[5]) > 0  # its process's CPU per request was measured
+    assert "| added by the minimal proxy (reference) |" in out.stdout
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions needs valgrind")
+def test_gateway_ab_counts_instructions() -> None:
+    src = str(SCRIPT.parents[1] / "packages" / "core" / "src")
+    args = [src, src, "--instructions", "--rounds", "1", "--requests", "40", "--clients", "2"]
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("gateway_ab.py")), *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = [float(line.split(": ")[1].split()[0]) for line in out.stdout.splitlines() if "instructions/call" in line]
+    assert len(counts) == 2 and all(c > 10 for c in counts)  # thousands of instructions per call, each side

@@ -64,3 +64,6 @@ def test_recorded_spans_equal_what_pydantic_would_construct() -> None:
     assert span.model_dump_json() == reference.model_dump_json()
     assert Span.model_validate_json(span.model_dump_json()) == span  # and it is a valid span
     assert span.status.code == "ok" and span.seq == 0 and span.attributes["lightning.role"] == "writer"
+    status = span.status  # built the same way
+    reference_status = type(status).model_construct(code="ok", message=None)
+    assert status == reference_status and status.model_fields_set == reference_status.model_fields_set

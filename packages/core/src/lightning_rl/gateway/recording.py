@@ -17,7 +17,9 @@ import logging
 import os
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from lightning_rl import semconv as sc
 from lightning_rl.gateway.backends import CallResult
@@ -78,22 +80,32 @@ class CallInfo:
 
 
 _SPAN_FIELDS = frozenset(Span.model_fields)
+_STATUS_FIELDS = frozenset(SpanStatus.model_fields)
 _new_object = object.__new__
 _set = object.__setattr__
+_M = TypeVar("_M", bound=BaseModel)
 
 
-def _span(fields: dict[str, Any]) -> Span:
-    """``Span.model_construct(**fields)`` for a dict holding every field, in a third of the time.
+def _construct(cls: type[_M], fields: dict[str, Any], names: frozenset[str]) -> _M:
+    """``cls.model_construct(**fields)`` for a dict holding every field (``names``), in a third of the time.
 
     It sets the four attributes pydantic's own ``model_construct`` sets, without its per-field
     default and alias handling (every field is given); a test checks the result is the same.
     """
-    span = _new_object(Span)
-    _set(span, "__dict__", fields)
-    _set(span, "__pydantic_fields_set__", set(_SPAN_FIELDS))
-    _set(span, "__pydantic_extra__", None)
-    _set(span, "__pydantic_private__", None)
-    return span
+    model = _new_object(cls)
+    _set(model, "__dict__", fields)
+    _set(model, "__pydantic_fields_set__", set(names))
+    _set(model, "__pydantic_extra__", None)
+    _set(model, "__pydantic_private__", None)
+    return model
+
+
+def _span(fields: dict[str, Any]) -> Span:
+    return _construct(Span, fields, _SPAN_FIELDS)
+
+
+def _ok() -> SpanStatus:
+    return _construct(SpanStatus, {"code": "ok", "message": None}, _STATUS_FIELDS)
 
 
 def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: CallResult) -> list[Span]:
@@ -148,7 +160,7 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
                     "end_ns": info.end_ns,
                     "attributes": attrs,
                     "events": [],
-                    "status": SpanStatus.model_construct(code="ok", message=None),
+                    "status": _ok(),
                     "rollout_id": ctx.rollout_id,
                     "attempt_id": attempt_id,
                     "seq": 0,
