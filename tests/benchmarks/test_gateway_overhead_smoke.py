@@ -43,7 +43,7 @@ def test_gateway_overhead_reference_path_runs() -> None:
     out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     row = next(line for line in out.stdout.splitlines() if line.startswith("| minimal proxy (reference) |"))
-    assert float(row.split("|")[5]) > 0  # its process's CPU per request was measured
+    assert float(row.split("|")[2]) > 0  # its p50 was measured
     assert "| added by the minimal proxy (reference) |" in out.stdout
 
 
