@@ -294,3 +294,19 @@ async def test_keep_alive_closes_idle_connections_only() -> None:
         assert loop.time() - t0 >= timeout * 0.9
         busy.close()
         idle.close()
+
+
+def test_freeze_startup_heap_freezes_and_raises_the_young_threshold() -> None:
+    import gc
+
+    from lightning_rl.gateway.server import freeze_startup_heap
+
+    before = gc.get_threshold()
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() > 0  # the start-up heap is out of every later collection
+        young, middle, old = gc.get_threshold()
+        assert young >= 20_000 and (middle, old) == before[1:]
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -12,14 +12,15 @@ app that defines ``fast_handler(path, headers)`` (see ``FastRoutes``) is asked, 
 a ``POST`` are in, whether it answers that request itself: if so, the body is handed to the
 handler as bytes and a ``bytes`` result is written as a ``200`` JSON response in one ``send``. A
 handler that returns a future is answered from the future's callback, without a task, a cycle
-object or an event per call (together about a fifth of the gateway's CPU per call). A handler may
+object or an event per call (about 1 % of the gateway's instructions per call). A handler may
 instead answer with an ASGI app (an error, a stream), which then runs through uvicorn's ordinary
 cycle. A whole ``bytes`` answer is written even while the client is slow to read (it is one
 bounded JSON body; streams go through ASGI and its flow control). Anything unusual (``Expect:
 100-continue``, an upgrade, HTTP/1.0, a ``root_path``, a concurrency limit, a request pipelined
 behind one still in flight) takes uvicorn's own path, so keep-alive, pipelining order,
-disconnects and graceful shutdown behave as uvicorn makes them behave. With httptools the keep-alive timeout is kept by one timer per
-connection rather than one per response (see ``_Protocol``).
+disconnects and graceful shutdown behave as uvicorn makes them behave. With httptools the
+keep-alive timeout is kept by one timer per connection rather than one per response (see
+``_Protocol``).
 """
 
 from __future__ import annotations
