@@ -512,30 +512,6 @@ class _Gateway:
         return out
 
     # --- streaming plumbing -----------------------------------------------------------------
-    async def _stream(
-        self,
-        make_chunks: Callable[[AsyncGenerator[StreamPiece], fmt.StreamAccumulator], AsyncGenerator[str]],
-        n: int,
-        ctx: CallContext,
-        api: str,
-        operation: str,
-        request_model: str | None,
-        rid: str,
-        start_ns: int,
-        spec: CallSpec,
-        inputs: Any,
-    ) -> Response:
-        """A streamed answer: the backend's stream opened (its first piece in), as an SSE response."""
-        try:
-            pieces = await self._open_stream(spec)
-        except Exception as exc:
-            return self._error(exc)
-
-        def chunks(acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
-            return make_chunks(pieces, acc)
-
-        return self._sse(chunks, n, ctx, api, operation, request_model, rid, start_ns, spec, inputs)
-
     async def _open_stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]:
         """Start a backend stream and wait for its first piece, so early errors (prompt too long,
         upstream down) become a proper error response instead of a broken stream."""
@@ -559,9 +535,9 @@ class _Gateway:
 
         return chained()
 
-    def _sse(
+    async def _stream(
         self,
-        make_chunks: Callable[[fmt.StreamAccumulator], AsyncGenerator[str]],
+        make_chunks: Callable[[AsyncGenerator[StreamPiece], fmt.StreamAccumulator], AsyncGenerator[str]],
         n: int,
         ctx: CallContext,
         api: str,
@@ -572,8 +548,14 @@ class _Gateway:
         spec: CallSpec,
         inputs: Any,
     ) -> Response:
+        """A streamed answer: the backend's stream opened (its first piece in), as an SSE response
+        whose chunks ``make_chunks`` formats from the pieces; the call is recorded when it ends."""
+        try:
+            pieces = await self._open_stream(spec)
+        except Exception as exc:
+            return self._error(exc)
         acc = fmt.StreamAccumulator(n)
-        chunks = make_chunks(acc)
+        chunks = make_chunks(pieces, acc)
 
         async def body() -> AsyncGenerator[str]:
             self.in_flight += 1
