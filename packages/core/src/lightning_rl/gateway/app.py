@@ -27,7 +27,8 @@ from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, TypeVar, cast
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ValidationError
@@ -40,7 +41,15 @@ from lightning_rl.engine.base import InferenceEngine, SamplingParams
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.gateway import formatting as fmt
 from lightning_rl.gateway._asgi import CALL_PATHS, CallKind, bearer_ok, call_context, match_call, read_body, send_json
-from lightning_rl.gateway.backends import CallResult, CallSpec, EngineBackend, GatewayBackend, StreamPiece
+from lightning_rl.gateway.backends import (
+    CallResult,
+    CallSpec,
+    EngineBackend,
+    GatewayBackend,
+    OnResult,
+    StreamPiece,
+    call_in_task,
+)
 from lightning_rl.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -194,9 +203,9 @@ class _Gateway:
         self.errors: Counter[int] = Counter()
         self.streams_cancelled = 0
         self.in_flight = 0
-        # optional: a non-streamed call as a future, no task (see GatewayBackend)
-        submit: Callable[[CallSpec], asyncio.Future[CallResult]] | None = getattr(backend, "submit", None)
-        self._submit = submit or self._run_in_task
+        # optional: a non-streamed call reported through a callback, no task (see GatewayBackend)
+        start_call: Callable[[CallSpec, OnResult], None] | None = getattr(backend, "start_call", None)
+        self._start_call = start_call or self._run_in_task
 
     # --- validation -------------------------------------------------------------------------
     def _model(self, requested: str | None, ctx: CallContext) -> str:
@@ -337,7 +346,7 @@ class _Gateway:
                 self.recorder.record(ctx, info, result)
                 return dumpb(fmt.chat_response(rid, created, model, result, want_lp))
 
-            return self._call(self._submit(spec), finish)
+            return self._call(partial(self._start_call, spec), finish)
         except Exception as exc:
             return _ready(self._error(exc))
 
@@ -418,9 +427,7 @@ class _Gateway:
                     self.recorder.record(ctx, info, result)
                 return dumpb(fmt.completion_response(rid, created, model, results, n, want_lp))
 
-            if len(specs) == 1:
-                return self._call(self._submit(specs[0]), lambda result: finish([result]))
-            return self._call(asyncio.gather(*(self._submit(s) for s in specs)), finish)
+            return self._call(partial(self._start_all, specs), finish)
         except Exception as exc:
             return _ready(self._error(exc))
 
@@ -481,34 +488,66 @@ class _Gateway:
                 message_id = "msg_" + rid.removeprefix("resp_")[:24]
                 return dumpb(fmt.response_object(rid, created, model, req, result, message_id=message_id))
 
-            return self._call(self._submit(spec), finish)
+            return self._call(partial(self._start_call, spec), finish)
         except Exception as exc:
             return _ready(self._error(exc))
 
     # --- non-streamed calls: callbacks, no task -------------------------------------------
-    def _run_in_task(self, spec: CallSpec) -> asyncio.Future[CallResult]:
-        """``submit`` for a backend that has only ``run``."""
-        return asyncio.ensure_future(self.backend.run(spec))
+    def _run_in_task(self, spec: CallSpec, on_done: OnResult) -> None:
+        """``start_call`` for a backend that has only ``run``."""
+        call_in_task(self.backend.run(spec), on_done)
 
-    def _call(self, pending: asyncio.Future[_T], finish: Callable[[_T], bytes]) -> asyncio.Future[bytes | Response]:
-        """The answer to a call once ``pending`` (the backend's work) is done: ``finish(result)``
-        (record and format), or the error response. Chained by callbacks, so the serving
-        protocol's fast path writes it without a task (see ``lightning_rl._serving``)."""
+    def _start_all(
+        self, specs: list[CallSpec], on_done: Callable[[list[CallResult] | None, BaseException | None], None]
+    ) -> None:
+        """Start every call of a multi-prompt request; ``on_done`` gets all results, or the first error."""
+        results: list[CallResult | None] = [None] * len(specs)
+        left = len(specs)
+
+        def one(i: int, result: CallResult | None, exc: BaseException | None) -> None:
+            nonlocal left
+            if left <= 0:
+                return  # an earlier call failed: already reported
+            if exc is not None or result is None:
+                left = 0
+                on_done(None, exc or RuntimeError("the backend answered nothing"))
+                return
+            results[i] = result
+            left -= 1
+            if left == 0:
+                on_done([r for r in results if r is not None], None)
+
+        for i, spec in enumerate(specs):
+            self._start_call(spec, partial(one, i))
+
+    def _call(
+        self,
+        start: Callable[[Callable[[_T | None, BaseException | None], None]], None],
+        finish: Callable[[_T], bytes],
+    ) -> asyncio.Future[bytes | Response]:
+        """The answer to a call: ``start(on_done)`` starts the backend's work, whose result
+        ``finish`` records and formats (or whose error becomes the error response). Chained by
+        callbacks, so the serving protocol's fast path writes it without a task (see
+        ``lightning_rl._serving``)."""
         self.in_flight += 1
         out: asyncio.Future[bytes | Response] = asyncio.get_running_loop().create_future()
 
-        def done(f: asyncio.Future[_T]) -> None:
+        def done(result: _T | None, exc: BaseException | None) -> None:
             self.in_flight -= 1
             if out.done():
                 return  # the caller gave up (cancelled): nobody to answer
-            try:
-                out.set_result(finish(f.result()))
-            except asyncio.CancelledError:
+            if exc is None:
+                try:
+                    out.set_result(finish(cast(_T, result)))  # no error: a result
+                    return
+                except Exception as error:
+                    exc = error
+            if isinstance(exc, asyncio.CancelledError):
                 out.cancel()
-            except Exception as exc:
+            else:
                 out.set_result(self._error(exc))
 
-        pending.add_done_callback(done)
+        start(done)
         return out
 
     # --- streaming plumbing -----------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Literal, Protocol
@@ -33,6 +33,8 @@ __all__ = [
     "CallResult",
     "StreamPiece",
     "GatewayBackend",
+    "OnResult",
+    "call_in_task",
     "EngineBackend",
     "UpstreamBackend",
 ]
@@ -116,11 +118,15 @@ class StreamPiece:
     tokens_exact: bool = True
 
 
+OnResult = Callable[[CallResult | None, BaseException | None], None]
+"""Told how a non-streamed call ended: ``(result, None)`` or ``(None, error)``."""
+
+
 class GatewayBackend(Protocol):
     """What the gateway app needs from a backend.
 
-    A backend may also offer ``submit(spec) -> asyncio.Future[CallResult]``: ``run`` started
-    without awaiting it. The gateway then chains the answer on the future's callback instead of
+    A backend may also offer ``start_call(spec, on_done: OnResult)``: ``run`` started without awaiting
+    it, reporting through a callback. The gateway then answers from that callback instead of
     running a task per call (``UpstreamBackend`` does; without it, ``run`` runs in a task).
     """
 
@@ -490,28 +496,31 @@ class UpstreamBackend:
     async def run(self, spec: CallSpec) -> CallResult:
         return await self.submit(spec)
 
-    def submit(self, spec: CallSpec) -> asyncio.Future[CallResult]:
-        """Start a non-streamed call; its future resolves to the result. Over plain ``http://`` it
-        is chained on the lean client's callback, so the call needs no task of its own."""
+    def start_call(self, spec: CallSpec, on_done: OnResult) -> None:
+        """Start a non-streamed call; ``on_done(result, None)`` or ``on_done(None, error)`` is called
+        once when it ends. Over plain ``http://`` it is the lean client's callback: no task, no future."""
         path, content = self._body(spec, stream=False)
-        loop = asyncio.get_running_loop()
         if self._lean is None:
-            return loop.create_task(self._post_httpx(spec, path, content))
-        future: asyncio.Future[CallResult] = loop.create_future()
-        self._lean.start(path, content, partial(self._answered, spec, future))
+            call_in_task(self._post_httpx(spec, path, content), on_done)
+            return
+        self._lean.start(path, content, partial(self._answered, spec, on_done))
+
+    def submit(self, spec: CallSpec) -> asyncio.Future[CallResult]:
+        """``start_call`` as a future (for callers that gather several calls)."""
+        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        self.start_call(spec, partial(_resolve, future))
         return future
 
-    def _answered(
-        self, spec: CallSpec, future: asyncio.Future[CallResult], status: int, raw: bytes, exc: BaseException | None
-    ) -> None:
-        if future.done():
-            return  # the caller gave up
+    def _answered(self, spec: CallSpec, on_done: OnResult, status: int, raw: bytes, exc: BaseException | None) -> None:
+        if exc is not None:
+            on_done(None, self._unavailable(exc))
+            return
         try:
-            if exc is not None:
-                raise self._unavailable(exc) from exc
-            future.set_result(self._result(spec, status, raw))
+            result = self._result(spec, status, raw)
         except Exception as error:
-            future.set_exception(error)
+            on_done(None, error)
+            return
+        on_done(result, None)
 
     async def _post_httpx(self, spec: CallSpec, path: str, content: bytes) -> CallResult:
         try:
@@ -615,6 +624,31 @@ class UpstreamBackend:
             prompt_ids=prompt_ids,
             tokens_exact=token_ids is not None or not (text or tool_deltas),
         )
+
+
+def call_in_task(call: Coroutine[Any, Any, CallResult], on_done: OnResult) -> None:
+    """Run ``call`` in a task that reports through ``on_done`` (for work that has to await)."""
+    task = asyncio.get_running_loop().create_task(call)
+    task.add_done_callback(partial(_task_done, on_done))
+
+
+def _task_done(on_done: OnResult, task: asyncio.Task[CallResult]) -> None:
+    if task.cancelled():
+        on_done(None, asyncio.CancelledError())
+    elif (exc := task.exception()) is not None:
+        on_done(None, exc)
+    else:
+        on_done(task.result(), None)
+
+
+def _resolve(future: asyncio.Future[CallResult], result: CallResult | None, exc: BaseException | None) -> None:
+    if future.done():
+        return  # the caller gave up
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        assert result is not None
+        future.set_result(result)
 
 
 def _parsed_call(tc: dict[str, Any]) -> ParsedToolCall:
