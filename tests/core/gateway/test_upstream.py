@@ -142,3 +142,37 @@ async def test_a_long_prompt_is_forwarded_whole(upstream_gateway: Gateway, fake:
     r = await client.chat.completions.create(model="served-model", messages=[{"role": "user", "content": long_text}])
     assert r.choices[0].message.content == "plain answer"
     assert fake.requests[-1]["messages"][0]["content"] == long_text
+
+
+async def test_call_in_task_reports_result_error_and_cancellation_once() -> None:
+    """A backend without ``start_call`` is run through ``call_in_task``: every ending reaches ``on_done``."""
+    import asyncio
+
+    from lightning_rl.gateway.backends import CallResult, call_in_task
+
+    seen: dict[str, list[tuple[CallResult | None, BaseException | None]]] = {"ok": [], "fails": [], "hangs": []}
+    result = CallResult(prompt_ids=[1, 2], choices=[], tokens_exact=True)
+
+    async def ok() -> CallResult:
+        await asyncio.sleep(0)
+        return result
+
+    async def fails() -> CallResult:
+        raise ValueError("upstream said no")
+
+    async def hangs() -> CallResult:
+        await asyncio.Event().wait()  # held only by its own task: must not be garbage collected
+        raise AssertionError("unreachable")
+
+    for name, coro in (("ok", ok()), ("fails", fails()), ("hangs", hangs())):
+        call_in_task(coro, lambda r, e, name=name: seen[name].append((r, e)))
+    await asyncio.sleep(0.01)
+    assert seen["ok"] == [(result, None)]
+    [(none, error)] = seen["fails"]
+    assert none is None and isinstance(error, ValueError)
+    assert seen["hangs"] == []
+    [task] = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__.endswith("hangs")]  # type: ignore[union-attr]
+    task.cancel()
+    await asyncio.sleep(0.01)
+    [(none, error)] = seen["hangs"]
+    assert none is None and isinstance(error, asyncio.CancelledError)

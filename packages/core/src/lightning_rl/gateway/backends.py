@@ -626,13 +626,19 @@ class UpstreamBackend:
         )
 
 
+_running: set[asyncio.Task[CallResult]] = set()
+"""Tasks of ``call_in_task`` until they end: the event loop keeps only weak references to tasks."""
+
+
 def call_in_task(call: Coroutine[Any, Any, CallResult], on_done: OnResult) -> None:
     """Run ``call`` in a task that reports through ``on_done`` (for work that has to await)."""
     task = asyncio.get_running_loop().create_task(call)
+    _running.add(task)
     task.add_done_callback(partial(_task_done, on_done))
 
 
 def _task_done(on_done: OnResult, task: asyncio.Task[CallResult]) -> None:
+    _running.discard(task)
     if task.cancelled():
         on_done(None, asyncio.CancelledError())
     elif (exc := task.exception()) is not None:
