@@ -14,8 +14,9 @@ The model-call routes are the hot path: the app answers them in its own ``__call
 the raw body, a JSON body of known length; see ``_asgi``) before FastAPI's middleware and router,
 which serve everything else. Handlers take the raw body and the call's context, validate it at
 once, and return an awaitable of the JSON bytes of a 200 or of a ``Response`` (errors, streams).
-A non-streamed call's is a future chained on the backend's by callbacks (``_Gateway._call``), so
-on the gateway's own server it is answered without a task (see ``lightning_rl._serving``).
+A non-streamed call's is one future, resolved from the backend's callback (``start_call``; see
+``_Gateway._call``), so on the gateway's own server it is answered without a task (see
+``lightning_rl._serving``).
 """
 
 from __future__ import annotations
