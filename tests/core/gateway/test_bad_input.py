@@ -192,3 +192,22 @@ async def test_any_model_name_is_served_inside_a_rollout(gateway: Gateway, engin
     await gateway.flush()
     spans = await gateway.store.query_spans(rollout_id=rollout)
     assert len(spans) == 2 and {s.attributes["gen_ai.response.model"] for s in spans} == {engine.model_name}
+
+
+async def test_a_backend_refusing_to_start_a_call_is_an_error_answer_not_a_leak() -> None:
+    """``start_call`` raising at once (a closed client, a body it cannot send) is answered, and not
+    counted as in flight forever."""
+
+    class Refusing(UpstreamBackend):
+        def start_call(self, spec: Any, on_done: Any) -> None:
+            raise RuntimeError("this backend is closed")
+
+    app = create_gateway_app(Refusing("http://127.0.0.1:9/v1", model="m"))
+    async with running_gateway(app) as url, httpx.AsyncClient(timeout=30) as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        r = await http.post(f"{url}/v1/chat/completions", json=body)
+        assert r.status_code == 500 and "error" in r.json()
+        r = await http.post(f"{url}/v1/completions", json={"model": "m", "prompt": ["a", "b"]})
+        assert r.status_code == 500 and "error" in r.json()
+        assert (await http.get(f"{url}/health")).status_code == 200
+    assert app.state.gateway.in_flight == 0

@@ -294,11 +294,12 @@ class LeanHTTPClient:
         self._sweep = None
         if not self._busy:
             return
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         for conn in [c for c in self._busy if c.deadline <= now]:
             conn.timed_out(self.timeout_s)
         if self._busy and not self._closed:
-            self._sweep = asyncio.get_running_loop().call_later(self._sweep_s, self._check_deadlines)
+            self._sweep = loop.call_later(self._sweep_s, self._check_deadlines)
 
     def settle(self, conn: _Connection, on_done: OnDone, status: int, body: bytes, exc: BaseException | None) -> None:
         """An exchange ended: pool or close its connection, retry a stale pooled one, tell the caller."""

@@ -502,6 +502,9 @@ class _Gateway:
         self, specs: list[CallSpec], on_done: Callable[[list[CallResult] | None, BaseException | None], None]
     ) -> None:
         """Start every call of a multi-prompt request; ``on_done`` gets all results, or the first error."""
+        if not specs:
+            on_done([], None)
+            return
         results: list[CallResult | None] = [None] * len(specs)
         left = len(specs)
 
@@ -548,7 +551,10 @@ class _Gateway:
             else:
                 out.set_result(self._error(exc))
 
-        start(done)
+        try:
+            start(done)
+        except Exception as exc:  # refused before it started (a closed client, a body it cannot send)
+            done(None, exc)
         return out
 
     # --- streaming plumbing -----------------------------------------------------------------

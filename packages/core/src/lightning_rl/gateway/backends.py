@@ -494,7 +494,10 @@ class UpstreamBackend:
 
     # --- non-streaming ----------------------------------------------------------------------
     async def run(self, spec: CallSpec) -> CallResult:
-        return await self.submit(spec)
+        """A non-streamed call, awaited (the gateway uses the callback form, ``start_call``)."""
+        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        self.start_call(spec, partial(_resolve, future))
+        return await future
 
     def start_call(self, spec: CallSpec, on_done: OnResult) -> None:
         """Start a non-streamed call; ``on_done(result, None)`` or ``on_done(None, error)`` is called
@@ -504,12 +507,6 @@ class UpstreamBackend:
             call_in_task(self._post_httpx(spec, path, content), on_done)
             return
         self._lean.start(path, content, partial(self._answered, spec, on_done))
-
-    def submit(self, spec: CallSpec) -> asyncio.Future[CallResult]:
-        """``start_call`` as a future (for callers that gather several calls)."""
-        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self.start_call(spec, partial(_resolve, future))
-        return future
 
     def _answered(self, spec: CallSpec, on_done: OnResult, status: int, raw: bytes, exc: BaseException | None) -> None:
         if exc is not None:
