@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-__all__ = ["LossAggregation", "PPOTerms", "token_weights", "ppo_clip_loss", "kl_k3", "sft_loss"]
+__all__ = ["LossAggregation", "PPOTerms", "token_weights", "ppo_clip_loss", "kl_k3", "token_entropy", "sft_loss"]
 
 LossAggregation = Literal["token", "transition", "rollout"]
 
@@ -60,6 +60,15 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     Non-negative, unbiased, and low-variance (Schulman's "approximating KL divergence")."""
     d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
     return torch.exp(d) - d - 1.0
+
+
+def token_entropy(logprobs: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of each distribution given as ``[..., V]`` log-probabilities: ``-sum(p log p)``.
+
+    Tokens outside a top-p nucleus have logprob ``-inf`` and probability 0; they contribute 0
+    (``0 * -inf`` would be NaN), so this is the entropy of the distribution actually sampled from."""
+    p = logprobs.exp()
+    return -(p * logprobs.masked_fill(~torch.isfinite(logprobs), 0.0)).sum(-1)
 
 
 def ppo_clip_loss(

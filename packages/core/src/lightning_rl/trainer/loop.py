@@ -17,7 +17,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,13 @@ from lightning_rl.credit import RolloutSample, compute_advantages
 from lightning_rl.roles import RoleSelector, RoleSpec
 from lightning_rl.store.base import LightningStore
 from lightning_rl.trainer.config import TrainerConfig
-from lightning_rl.trainer.metrics import MetricsLogger, plot_reward_curve
+from lightning_rl.trainer.metrics import (
+    MetricsLogger,
+    has_tool_call,
+    plot_reward_curve,
+    tool_call_metrics,
+    zero_advantage_frac,
+)
 from lightning_rl.trainer.progress import StepProgress
 from lightning_rl.trainer.services import Services, start_services
 from lightning_rl.types import (
@@ -57,14 +63,27 @@ class TrainResult:
 
 @dataclass
 class _Collected:
-    samples: list[RolloutSample]
-    rewards: list[float]
-    failed: int
-    timed_out: int
-    n_calls: int
-    n_untrainable: int
-    n_truncated: int
-    response_tokens: int
+    samples: list[RolloutSample] = field(default_factory=list[RolloutSample])
+    rewards: list[float] = field(default_factory=list[float])
+    used_tool: list[bool] = field(default_factory=list[bool])
+    """Per scored rollout (parallel to ``rewards``): whether any of its LLM calls called a tool."""
+    failed: int = 0
+    timed_out: int = 0
+    n_calls: int = 0
+    n_untrainable: int = 0
+    n_truncated: int = 0
+    response_tokens: int = 0
+    """Summed over the trainable calls (the transitions), as is ``n_responses``."""
+    n_responses: int = 0
+
+    def rollout_metrics(self, prefix: str) -> dict[str, float]:
+        """Tool-use rates and the mean response length of the scored rollouts, under ``prefix/``."""
+        return {
+            **tool_call_metrics(prefix, self.rewards, self.used_tool),
+            f"{prefix}/response_tokens_mean": (
+                self.response_tokens / self.n_responses if self.n_responses else float("nan")
+            ),
+        }
 
 
 async def collect_samples(
@@ -75,7 +94,7 @@ async def collect_samples(
     air: AIRPolicy,
 ) -> _Collected:
     """Turn finished rollouts into rollout samples. Failed / timed-out ones are counted, never scored 0."""
-    out = _Collected([], [], 0, 0, 0, 0, 0, 0)
+    out = _Collected()
     for rollout in rollouts:
         if rollout.status is RolloutStatus.TIMED_OUT:
             out.timed_out += 1
@@ -93,10 +112,12 @@ async def collect_samples(
             continue
         adapted = adapt_attempt(rollout, attempt.id, spans, trainable=trainable, air=air)
         out.rewards.append(reward)
+        out.used_tool.append(has_tool_call(spans))
         out.n_calls += adapted.n_calls
         out.n_untrainable += adapted.n_untrainable
         out.n_truncated += adapted.n_truncated
         out.response_tokens += sum(len(t.response_ids) for t in adapted.transitions)
+        out.n_responses += len(adapted.transitions)
         out.samples.append(RolloutSample(rollout.id, rollout.group_id or rollout.id, reward, adapted.transitions))
     return out
 
@@ -219,6 +240,8 @@ class Trainer:
             "train/timed_out_rollouts": float(collected.timed_out),
             "train/n_transitions": float(len(transitions)),
             "train/n_updated_transitions": float(len(batch)),
+            "train/zero_advantage_frac": zero_advantage_frac([t.advantage for t in transitions]),
+            **collected.rollout_metrics("train"),
             "train/untrainable_calls": float(collected.n_untrainable),
             "train/truncated_calls": float(collected.n_truncated),
             "train/rollout_s": t_rollouts,
@@ -256,6 +279,9 @@ class Trainer:
                 "val/reward_mean": mean,
                 "val/n_rollouts": float(len(collected.rewards)),
                 "val/failed_rollouts": float(collected.failed + collected.timed_out),
+                "val/tool_call_rate": tool_call_metrics("val", collected.rewards, collected.used_tool)[
+                    "val/tool_call_rate"
+                ],
             }
         )
         bar.note(f"[bold]step {step}[/] held-out reward {mean:.3f} over {len(collected.rewards)} tasks")

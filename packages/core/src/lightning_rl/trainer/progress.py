@@ -1,8 +1,8 @@
 """The terminal view of a run: a rich progress bar over steps, with one line per step above it.
 
 The bar shows how far the run is and how long it has left; the lines keep the history (reward,
-transitions used, failures, loss, time) scrollable after the run. Disabled, it prints nothing,
-so tests and library use stay quiet.
+transitions used, failures, loss, tool-call rate, entropy, KL to the start, time) scrollable
+after the run. Disabled, it prints nothing, so tests and library use stay quiet.
 """
 
 from __future__ import annotations
@@ -17,14 +17,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 __all__ = ["StepProgress", "step_line"]
 
 
+_DIAGNOSTICS = (
+    ("train/tool_call_rate", "tool", ".2f"),
+    ("train/entropy", "ent", ".2f"),
+    ("train/kl_to_start", "kl", ".4f"),
+)
+"""Shown after the loss when the row has them (finite): tool use, policy entropy, KL to the start."""
+
+
 def step_line(row: dict[str, float]) -> str:
-    """One step's summary as printed above the bar."""
+    """One step's summary as printed above the bar.
+
+    The learning diagnostics are printed only when present, so rows from a backend that does not
+    measure them (or a step without an update) still read cleanly."""
     failed = int(row.get("train/failed_rollouts", 0) + row.get("train/timed_out_rollouts", 0))
     loss = row.get("train/loss", math.nan)
+    diagnostics = "".join(
+        f"{label} {row[key]:{fmt}}  " for key, label, fmt in _DIAGNOSTICS if math.isfinite(row.get(key, math.nan))
+    )
     return (
         f"step {int(row['step']):>3}  reward {row['train/reward_mean']:.3f}  "
         f"transitions {int(row.get('train/n_updated_transitions', 0))}/{int(row.get('train/n_transitions', 0))}  "
-        f"failed {failed}  loss {loss:+.4f}  {row.get('train/step_s', 0.0):.1f}s"
+        f"failed {failed}  loss {loss:+.4f}  {diagnostics}{row.get('train/step_s', 0.0):.1f}s"
     )
 
 
