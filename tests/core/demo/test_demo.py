@@ -74,3 +74,57 @@ def test_demo_pipeline_runs_end_to_end_with_small_settings(tmp_path: Path) -> No
     assert result.val_base is not None and result.val_trained is not None
     assert (tmp_path / "demo" / "warm_start" / "config.json").exists()
     assert (tmp_path / "demo" / "metrics.jsonl").read_text().count("train/reward_mean") == 1
+    skills = json.loads((tmp_path / "demo" / "warm_start" / "warm_start.json").read_text())["skills"]
+    assert {"formed/report", "polished/report", "base/p_tool_call"} <= set(skills)
+    assert all(0.0 <= skills[k] <= 1.0 for k in skills if k != "expert_steps")
+
+
+def test_reporting_demonstrations_report_the_tools_number_whatever_the_question() -> None:
+    from lightning_rl.demo.calculator import reporting_demonstrations
+
+    tasks = make_tasks(50, seed=0)
+    demos = reporting_demonstrations(tasks, per_task=3, seed=0)
+    assert len(demos) == 150
+    results = [int(d.messages[-1]["content"]) for d in demos]
+    for d, result in zip(demos, results, strict=True):
+        assert d.messages[-1]["role"] == "tool" and score_answer(d.completion, result) == 1.0
+    # unrelated to the question (so only copying predicts it), of many lengths, some negative
+    answers = [t.input["answer"] for t in tasks for _ in range(3)]
+    assert sum(r == a for r, a in zip(results, answers, strict=True)) < 5
+    assert len({len(str(abs(r))) for r in results}) >= 4 and any(r < 0 for r in results)
+
+
+def test_greedy_exact_match_is_what_greedy_decoding_reproduces() -> None:
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from lightning_rl.demo.run import first_token_probability, greedy_exact_match
+    from lightning_rl.engine.tiny import default_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(default_tiny_model())
+    prompt = [5, 17, 33, 8, 61]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    greedy = out[0, len(prompt) :].tolist()
+    wrong = [*greedy[:-1], (greedy[-1] + 1) % 100]
+    assert greedy_exact_match(model, [(prompt, greedy)], 0) == 1.0
+    assert greedy_exact_match(model, [(prompt, greedy), (prompt, wrong)], 0) == 0.5
+    assert 0.0 < first_token_probability(model, [prompt], greedy[0]) <= 1.0
+
+
+def test_warm_start_progress_prints_periodic_lines_without_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    from lightning_rl.demo.progress import WarmStartProgress
+
+    with WarmStartProgress(3, console=Console(force_terminal=False), every_s=0.0) as bar:
+        for step in range(3):
+            bar.on_step(step, 0.5 / (step + 1), 1e-3)
+        bar.note_skills({"report": 0.75})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("warm-start:")
+    assert "warm-start step 1/3  loss 0.5000" in lines[1] and "step 3/3" in lines[3]
+    assert "report 0.75" in lines[-1]
+    with WarmStartProgress(3, console=Console(force_terminal=False), enabled=False) as bar:
+        bar.on_step(0, 1.0, 1e-3)
+    assert capsys.readouterr().out == ""

@@ -35,6 +35,7 @@ __all__ = [
     "make_tasks",
     "split_tasks",
     "demonstrations",
+    "reporting_demonstrations",
     "Demonstration",
     "score_answer",
 ]
@@ -173,4 +174,40 @@ def demonstrations(tasks: Sequence[Task], *, tool_rate: float, seed: int) -> lis
         else:
             guess = answer + rng.choice([-1, 1]) * rng.randint(1, 9)
             out.append(Demonstration(base, f"I think it is {guess}."))
+    return out
+
+
+def reporting_demonstrations(
+    tasks: Sequence[Task], *, per_task: int, seed: int, max_digits: int = 6
+) -> list[Demonstration]:
+    """Second-turn demonstrations in which the tool returned a random number and the expert reports it.
+
+    Why not the true result: with ~300 training questions repeated for hundreds of steps, a small model
+    can lower its loss by recalling each question's answer instead of reading the tool's message, and
+    that does not carry over to unseen questions. A tool result unrelated to the question leaves copying
+    as the only way to predict the answer. Why long numbers (1 to ``max_digits`` digits, a quarter of them
+    negative): the tokenizer splits numbers into digits, so reporting one is an induction-style copy, and
+    a skill that forms suddenly after a plateau whose length varies from run to run; more digits per
+    example is more copying signal per step, which shortens and steadies the plateau (docs/learning.md).
+    """
+    rng = random.Random(seed)
+    out: list[Demonstration] = []
+    for task in tasks:
+        data: dict[str, Any] = task.input
+        arguments = json.dumps({"operation": data["operation"]})
+        for _ in range(per_task):
+            result = rng.choice((-1, 1, 1, 1)) * rng.randint(0, 10 ** rng.randint(1, max_digits))
+            history = [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": data["question"]},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_0", "content": str(result)},
+            ]
+            out.append(Demonstration(history, f"The answer is {result}."))
     return out

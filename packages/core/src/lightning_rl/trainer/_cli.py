@@ -22,6 +22,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", default="runs/demo", help="run folder: metrics.jsonl, reward_curve.png, checkpoints")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's tuned value)")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the reduced configuration of CI's learning guard (fewer, smaller RL steps; 50 held-out tasks)",
+    )
     p.set_defaults(handler=_demo)
 
 
@@ -31,7 +36,8 @@ def _demo(args: argparse.Namespace) -> int:
     from lightning_rl.demo.run import DemoConfig, print_summary, run_demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    cfg = DemoConfig(seed=args.seed, run_dir=args.out, progress=not args.quiet)
+    settings: dict[str, Any] = {"seed": args.seed, "run_dir": args.out, "progress": not args.quiet}
+    cfg = DemoConfig.quick(**settings) if args.quick else DemoConfig(**settings)
     if args.steps is not None:
         cfg.steps = args.steps
     result = run_demo(cfg)

@@ -82,4 +82,4 @@ class StepProgress:
     def note(self, message: str) -> None:
         """Print a line above the bar (rich markup allowed)."""
         if self.enabled:
-            self._progress.console.print(message)
+            self._progress.console.print(message, soft_wrap=True)  # one line per step, also in logs

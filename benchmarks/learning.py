@@ -1,0 +1,227 @@
+"""Does the demo learn? ``lightning-rl demo`` once per seed (and optionally again), as a newcomer runs it.
+
+Learning is stochastic, so one run per seed proves little: this script runs the unchanged demo
+command in a fresh process per seed, reads each run's ``metrics.jsonl``, and writes
+
+- a markdown table (held-out reward before/after, gain, wall time per run; mean and min of the gain),
+  headed by the date, the commit, the command and the machine, to ``<out>/learning.md`` and stdout;
+- ``<out>/learning.png``: every run's held-out reward curve on one plot;
+- ``<out>/learning.json``: the same numbers, machine-readable.
+
+``--repeat N`` runs each seed N times: the spread between runs of the same seed (float rounding of
+batched decoding, thread scheduling) is measured, not assumed. ``--threads`` sets the torch thread
+count of the runs (``OMP_NUM_THREADS``), because a float result on one thread count is not a result
+on another. ``--readme FILE`` replaces the text between ``<!-- learning:begin -->`` and
+``<!-- learning:end -->`` in FILE with the table, so the README's numbers are this output, never typed.
+
+    uv run python benchmarks/learning.py --seeds 0-4                      # the README's table
+    uv run python benchmarks/learning.py --seeds 0 --repeat 3             # run-to-run spread of one seed
+    uv run python benchmarks/learning.py --seeds 0-4 --threads 1          # another thread count
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BEGIN, END = "<!-- learning:begin -->", "<!-- learning:end -->"
+
+
+@dataclass
+class RunResult:
+    seed: int
+    repeat: int
+    before: float
+    after: float
+    wall_s: float
+    curve: list[tuple[int, float]] = field(default_factory=list[tuple[int, float]])
+
+    @property
+    def gain(self) -> float:
+        return self.after - self.before
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0-4`` or ``0,2,5`` or ``3``."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            seeds.extend(range(int(lo), int(hi) + 1))
+        elif part.strip():
+            seeds.append(int(part))
+    if not seeds:
+        raise SystemExit(f"--seeds {text!r} names no seed; use e.g. 0-4 or 0,1,2")
+    return seeds
+
+
+def demo_command(seed: int, out: Path, extra: list[str]) -> list[str]:
+    exe = Path(sys.executable).parent / "lightning-rl"
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "lightning_rl.cli"]
+    return [*base, "demo", "--seed", str(seed), "--out", str(out), "--quiet", *extra]
+
+
+def held_out_curve(metrics: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [(int(r["step"]), float(r["val/reward_mean"])) for r in rows if "val/reward_mean" in r]
+
+
+def run_one(seed: int, repeat: int, out: Path, threads: int | None, extra: list[str]) -> RunResult:
+    run_dir = out / f"seed{seed}" if repeat == 0 else out / f"seed{seed}-r{repeat}"
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    started = time.perf_counter()
+    log_path = out / f"{run_dir.name}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.run(demo_command(seed, run_dir, extra), env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"the demo failed for seed {seed} (exit {proc.returncode}); see {log_path}")
+    curve = held_out_curve(run_dir / "metrics.jsonl")
+    if len(curve) < 2:
+        raise SystemExit(f"seed {seed}: metrics.jsonl has {len(curve)} held-out rows; expected before and after")
+    return RunResult(seed, repeat, curve[0][1], curve[-1][1], wall, curve)
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def table(results: list[RunResult], header: dict[str, str]) -> str:
+    lines = [
+        f"Generated {header['date']} at commit `{header['commit']}` by `{header['command']}` "
+        f"({header['machine']}; torch threads: {header['threads']}).",
+        "",
+        "| seed | run | held-out before | after | gain | wall |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        cells = [str(r.seed), str(r.repeat + 1), f"{r.before:.2f}", f"{r.after:.2f}", f"**{r.gain:+.2f}**"]
+        lines.append("| " + " | ".join([*cells, f"{r.wall_s / 60:.1f} min"]) + " |")
+    gains = [r.gain for r in results]
+    walls = [r.wall_s / 60 for r in results]
+    lines += [
+        "",
+        f"Gain over {len(results)} runs: mean **{statistics.fmean(gains):+.2f}**, min **{min(gains):+.2f}**, "
+        f"max {max(gains):+.2f}. Wall time: mean {statistics.fmean(walls):.1f} min, max {max(walls):.1f} min.",
+    ]
+    by_seed: dict[int, list[RunResult]] = {}
+    for r in results:
+        by_seed.setdefault(r.seed, []).append(r)
+    repeated = {s: rs for s, rs in by_seed.items() if len(rs) > 1}
+    for seed, rs in repeated.items():
+        afters = [r.after for r in rs]
+        befores = [r.before for r in rs]
+        lines.append(
+            f"Seed {seed} run {len(rs)} times: before {min(befores):.2f}-{max(befores):.2f}, "
+            f"after {min(afters):.2f}-{max(afters):.2f} (same seed, same machine: the run-to-run spread)."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[RunResult], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        steps, values = zip(*r.curve, strict=True)
+        ax.plot(steps, values, marker="o", label=f"seed {r.seed}" + (f" (run {r.repeat + 1})" if r.repeat else ""))
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("held-out reward (100 unseen tasks)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("lightning-rl demo: held-out reward per seed")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def update_readme(readme: Path, text: str) -> None:
+    content = readme.read_text()
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    if not pattern.search(content):
+        raise SystemExit(f"{readme} has no {BEGIN} ... {END} block to replace")
+    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", content))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0-4", help="seeds to run: 0-4, or 0,2,5")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per seed (>1 measures run-to-run spread)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
+    ap.add_argument("--out", default="runs/learning", help="folder for the runs, table, plot and json")
+    ap.add_argument("--readme", default=None, help="replace the learning block of this file with the table")
+    ap.add_argument("demo_args", nargs="*", help="extra arguments for `lightning-rl demo` (after --)")
+    args = ap.parse_args(argv)
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be >= 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    header = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
+        "command": f"uv run python benchmarks/learning.py {argv_text}".strip(),
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "threads": str(args.threads) if args.threads else "default",
+    }
+    results: list[RunResult] = []
+    for seed in parse_seeds(args.seeds):
+        for k in range(args.repeat):
+            r = run_one(seed, k, out, args.threads, args.demo_args)
+            results.append(r)
+            print(
+                f"seed {seed} run {k + 1}: {r.before:.2f} -> {r.after:.2f} ({r.gain:+.2f}) in {r.wall_s:.0f} s",
+                flush=True,
+            )
+    text = table(results, header)
+    print(text)
+    (out / "learning.md").write_text(text)
+    payload: dict[str, Any] = {**header, "runs": [{**asdict(r), "gain": r.gain} for r in results]}
+    (out / "learning.json").write_text(json.dumps(payload, indent=2))
+    plot(results, out / "learning.png")
+    if args.readme:
+        update_readme(Path(args.readme), text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
