@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -187,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0-4", help="seeds to run: 0-4, or 0,2,5")
     ap.add_argument("--repeat", type=int, default=1, help="runs per seed (>1 measures run-to-run spread)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once (>1 shares the cores: learning is measured, wall times are not comparable)",
+    )
     ap.add_argument("--out", default="runs/learning", help="folder for the runs, table, plot and json")
     ap.add_argument("--readme", default=None, help="replace the learning block of this file with the table")
     ap.add_argument("demo_args", nargs="*", help="extra arguments for `lightning-rl demo` (after --)")
@@ -203,15 +210,20 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "threads": str(args.threads) if args.threads else "default",
     }
-    results: list[RunResult] = []
-    for seed in parse_seeds(args.seeds):
-        for k in range(args.repeat):
-            r = run_one(seed, k, out, args.threads, args.demo_args)
-            results.append(r)
-            print(
-                f"seed {seed} run {k + 1}: {r.before:.2f} -> {r.after:.2f} ({r.gain:+.2f}) in {r.wall_s:.0f} s",
-                flush=True,
-            )
+    if args.jobs > 1:
+        header["machine"] += f"; {args.jobs} runs at once, so wall times are not comparable"
+    plan = [(seed, k) for seed in parse_seeds(args.seeds) for k in range(args.repeat)]
+
+    def one(item: tuple[int, int]) -> RunResult:
+        seed, k = item
+        r = run_one(seed, k, out, args.threads, args.demo_args)
+        print(
+            f"seed {seed} run {k + 1}: {r.before:.2f} -> {r.after:.2f} ({r.gain:+.2f}) in {r.wall_s:.0f} s", flush=True
+        )
+        return r
+
+    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        results = list(pool.map(one, plan))
     text = table(results, header)
     print(text)
     (out / "learning.md").write_text(text)
