@@ -14,8 +14,10 @@ the ``--agent`` option of ``lightning-rl runner``.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -119,15 +121,74 @@ class LLM:
     def openai_client(self, **kwargs: Any) -> OpenAI:
         """A synchronous ``openai.OpenAI`` client pointed at this attempt's gateway URL.
 
-        Extra keyword arguments go to the client (e.g. ``timeout``, ``max_retries``).
+        Extra keyword arguments go to the client (e.g. ``timeout``, ``max_retries``). Unless one is
+        given, the client gets its own ``http_client`` built as the SDK builds it but with a TLS
+        context shared by every client of the process (see ``async_openai_client``).
         """
         openai = _import_openai()
+        if "http_client" not in kwargs:
+            kwargs["http_client"] = _sdk_http_client(openai, asynchronous=False)
         return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
     def async_openai_client(self, **kwargs: Any) -> AsyncOpenAI:
-        """An ``openai.AsyncOpenAI`` client pointed at this attempt's gateway URL."""
+        """An ``openai.AsyncOpenAI`` client pointed at this attempt's gateway URL.
+
+        Agents create a client per rollout (the URL is per attempt), and the SDK's default HTTP
+        client builds a fresh TLS context each time, loading the whole CA bundle: ~15 ms of CPU with
+        the GIL held (even for an ``http://`` gateway), which stalled the event loop and the engine
+        thread for ~2 s per demo step of 128 rollouts. Unless ``http_client`` is given, the client
+        gets its own ``http_client`` (same settings as the SDK's: timeout, limits, redirects; closed
+        with the client) whose TLS context is built once per process and shared; CA certificates
+        are then read once, and ``SSL_CERT_FILE``/``SSL_CERT_DIR`` are honoured as httpx does.
+
+        When the gateway of ``base_url`` is served in this process on the running event loop (the
+        trainer's in-process runner), model calls skip the socket and go straight to the gateway's
+        handlers (see ``lightning_rl.gateway.inprocess``); any other request still uses HTTP.
+        """
         openai = _import_openai()
+        if "http_client" not in kwargs:
+            kwargs["http_client"] = _sdk_http_client(openai, asynchronous=True, base_url=self.base_url)
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+
+@functools.cache
+def _shared_ssl_context() -> ssl.SSLContext:
+    """The TLS context httpx would build for ``verify=True``, built once (it is safe to share)."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+def _sdk_http_client(openai: Any, *, asynchronous: bool, base_url: str | None = None) -> Any:
+    """The httpx client the SDK would build for itself, but on the shared TLS context (and, for an
+    async client of a gateway served in this process, with the in-process transport).
+
+    The SDK's own wrappers (``AsyncHttpxClientWrapper``, ``SyncHttpxClientWrapper``) add only a
+    close-when-collected to ``DefaultAsyncHttpxClient``/``DefaultHttpxClient`` (the SDK's timeout,
+    connection limits and redirects); they are private, so fall back to the public classes.
+    """
+    name = "AsyncHttpxClientWrapper" if asynchronous else "SyncHttpxClientWrapper"
+    cls = getattr(getattr(openai, "_base_client", None), name, None)
+    if cls is None:
+        cls = openai.DefaultAsyncHttpxClient if asynchronous else openai.DefaultHttpxClient
+    if asynchronous and base_url is not None:
+        transport = _in_process_transport(openai, base_url)
+        if transport is not None:
+            return cls(transport=transport)
+    return cls(verify=_shared_ssl_context())
+
+
+def _in_process_transport(openai: Any, base_url: str) -> Any:
+    """The in-process transport to the gateway of ``base_url`` if it is served here, else ``None``."""
+    import httpx
+
+    from lightning_rl.gateway.inprocess import in_process_transport, serving_here
+
+    if not serving_here(base_url):
+        return None
+    limits = getattr(getattr(openai, "_constants", None), "DEFAULT_CONNECTION_LIMITS", None)
+    fallback = httpx.AsyncHTTPTransport(verify=_shared_ssl_context(), **({"limits": limits} if limits else {}))
+    return in_process_transport(base_url, fallback)
 
 
 def _import_openai() -> Any:

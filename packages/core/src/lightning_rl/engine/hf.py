@@ -27,7 +27,7 @@ import json
 import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -36,7 +36,7 @@ from typing import Any, Literal, cast
 
 import torch
 
-from lightning_rl.engine._batch import KVBatch
+from lightning_rl.engine._prefix import SharedPrefixBatch
 from lightning_rl.engine._request import Request
 from lightning_rl.engine.base import GenerationOutput, ParsedMessage, SamplingParams, StreamDelta
 from lightning_rl.engine.logprobs import sampling_logprobs
@@ -66,6 +66,10 @@ class EngineStats:
     version: int = 0
     #: Rows per prefill call, most recent last (bounded).
     prefill_sizes: list[int] = field(default_factory=lambda: [])
+    #: Prompt tokens run through the model by prefills, and prompt tokens they did not need to run
+    #: (duplicate prompts and a prefix shared by the admitted prompts are computed once).
+    prefill_tokens: int = 0
+    prefill_tokens_saved: int = 0
 
 
 @dataclass(eq=False)
@@ -117,6 +121,22 @@ def _normalise_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+_CHAT_CACHE_SIZE = 1024
+
+
+def _chat_key(
+    template: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+) -> tuple[str, str] | None:
+    """The cache key of a chat request, or ``None`` when it must be rendered every time (a template
+    that reads the clock, or messages that are not plain JSON)."""
+    if not isinstance(template, str) or "strftime_now" in template:
+        return None
+    try:
+        return template, json.dumps([messages, tools], separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+
+
 class TransformersEngine:
     """An ``InferenceEngine`` over a ``transformers`` causal LM (CPU or one CUDA device).
 
@@ -156,7 +176,9 @@ class TransformersEngine:
         self._swaps: deque[_Swap] = deque()
         self._closed = False
         self._running: list[Request] = []  # worker thread only
-        self._batch = KVBatch(model, self._pad_id, self._device)
+        self._batch = SharedPrefixBatch(model, self._pad_id, self._device)
+        self._chat_cache: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
+        self._chat_lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name=f"lightning-engine-{model_name}", daemon=True)
         self._thread.start()
 
@@ -279,12 +301,27 @@ class TransformersEngine:
     def encode_chat(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
     ) -> list[int]:
+        """Prompt ids of ``messages`` (and ``tools``) rendered with the chat template.
+
+        Identical requests are common (the ``group_size`` rollouts of a GRPO group open with the
+        same messages), and rendering the template with jinja plus tokenising costs ~1 ms of CPU
+        on the event loop per call; so recent results are kept, keyed by the request's JSON (and
+        the template). Templates that read the clock (``strftime_now``) are never cached.
+        """
         if not messages:
             raise InvalidRequestError("messages is empty: send at least one message")
-        if getattr(self._tokenizer, "chat_template", None) is None:
+        template = getattr(self._tokenizer, "chat_template", None)
+        if template is None:
             raise InvalidRequestError(
                 f"model {self._model_name!r} has no chat template; use the completions API or set a chat_template"
             )
+        key = _chat_key(template, messages, tools)
+        if key is not None:
+            with self._chat_lock:
+                cached = self._chat_cache.get(key)
+                if cached is not None:
+                    self._chat_cache.move_to_end(key)
+                    return list(cached)
         try:
             text = self._tokenizer.apply_chat_template(
                 [_normalise_message(m) for m in messages],
@@ -294,7 +331,13 @@ class TransformersEngine:
             )
         except Exception as exc:  # jinja2 errors: the messages do not fit the template
             raise InvalidRequestError(f"the chat template could not render these messages: {exc}") from exc
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+        if key is not None:
+            with self._chat_lock:
+                self._chat_cache[key] = tuple(ids)
+                while len(self._chat_cache) > _CHAT_CACHE_SIZE:
+                    self._chat_cache.popitem(last=False)
+        return ids
 
     def encode_text(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=True))
@@ -531,6 +574,8 @@ class TransformersEngine:
         with self._cond:
             self._stats.prefills += 1
             self._stats.prefill_sizes = [*self._stats.prefill_sizes[-99:], len(admitted)]
+            self._stats.prefill_tokens += self._batch.last_computed_tokens
+            self._stats.prefill_tokens_saved += self._batch.last_saved_tokens
             self._stats.running = len(self._running)
         self._sample(admitted, logits)
 

@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from lightning_rl._serving import http_protocol
+from lightning_rl.gateway.inprocess import serving_in_process
 
 __all__ = ["running_gateway", "uvicorn_config", "http_protocol", "run_server", "freeze_startup_heap"]
 
@@ -99,7 +100,9 @@ async def running_gateway(
         sockets = [s for srv in server.servers for s in srv.sockets]
         bound_port = sockets[0].getsockname()[1] if sockets else port
         shown = f"[{host}]" if ":" in host else host
-        yield f"http://{shown}:{bound_port}"
+        url = f"http://{shown}:{bound_port}"
+        with serving_in_process(url, app):  # agents on this loop may skip the socket (see inprocess)
+            yield url
     finally:
         server.should_exit = True
         await task

@@ -1,0 +1,119 @@
+"""Prefill sharing: duplicate prompts and a common prefix are computed once, with unchanged results."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import torch
+
+from lightning_rl.engine import SamplingParams
+from lightning_rl.engine._prefix import common_prefix_len
+from lightning_rl.engine.hf import TransformersEngine
+
+from .test_engine_generate import reference_logprobs
+
+SYSTEM = "You are a careful assistant. Use the calculator tool for every sum, then state the answer in words."
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Apply add, subtract or multiply to the two numbers.",
+            "parameters": {"type": "object", "properties": {"operation": {"type": "string"}}},
+        },
+    }
+]
+
+
+def agent_prompts(engine: TransformersEngine) -> list[list[int]]:
+    """Agent-like traffic: one system prompt and tool schema, different questions, a repeated one,
+    and a later turn of one conversation (whose prompt extends another's)."""
+    questions = ["What is 3 plus 4?", "What is 12 times 7?", "Compute 9 minus 2.", "What is 3 plus 4?"]
+    chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in questions]
+    second_turn = [
+        *chats[1],
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"operation": "multiply"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": "84"},
+    ]
+    return [engine.encode_chat(chat, TOOLS) for chat in [*chats, second_turn]]
+
+
+def test_common_prefix_len_leaves_every_prompt_a_token() -> None:
+    assert common_prefix_len([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert common_prefix_len([[1, 2, 3], [1, 2, 3]]) == 2  # identical: the last token still runs
+    assert common_prefix_len([[1, 2, 3], [1, 2, 3, 4, 5]]) == 2
+    assert common_prefix_len([[7], [7, 8]]) == 0
+    assert common_prefix_len([[1, 2], [3, 4]]) == 0
+
+
+async def test_shared_prefill_matches_a_full_forward_pass(tiny_path: Path) -> None:
+    with TransformersEngine.from_pretrained(tiny_path, max_batch_size=8, batch_wait_s=2.0) as engine:
+        prompts = agent_prompts(engine)
+        assert common_prefix_len(prompts) >= 32, "the test needs prompts that share a long prefix"
+        seeds = [0, 1, 2, 0, 4]  # the repeated question (0 and 3) with the same seed
+        params = [SamplingParams(max_tokens=16, temperature=0.9, seed=s) for s in seeds]
+        outs = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params, strict=True)))
+        stats = engine.stats()
+        assert stats.prefill_sizes == [len(prompts)]
+        # The repeated question is not recomputed, nor is the shared prefix of the four distinct ones.
+        assert stats.prefill_tokens_saved >= len(prompts[3]) + 3 * common_prefix_len(prompts)
+        assert stats.prefill_tokens + stats.prefill_tokens_saved == sum(len(p) for p in prompts)
+    for ids, out in zip(prompts, outs, strict=True):
+        reference = reference_logprobs(engine, ids, out.token_ids, 0.9, 1.0)
+        assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
+        assert out.prompt_len == len(ids)
+    # The same seed gives the same tokens for the duplicate prompt (its own generator, a copied row).
+    assert outs[0].token_ids == outs[3].token_ids
+
+
+async def test_shared_rows_join_and_leave_a_running_batch(tiny_path: Path) -> None:
+    """Rows prefilled on a shared prefix (padding between prefix and rest) merge with running rows
+    and survive other rows leaving; every completion stays exact."""
+    with TransformersEngine.from_pretrained(tiny_path, max_batch_size=8, batch_wait_s=0.0) as engine:
+        prompts = agent_prompts(engine)
+        stream = engine.stream(prompts[4], SamplingParams(max_tokens=40, seed=10, temperature=1.0))
+        first = await anext(stream)
+        params = [SamplingParams(max_tokens=3 + 5 * i, seed=i, temperature=0.8) for i in range(4)]
+        outs = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts[:4], params, strict=True)))
+        rest = [d async for d in stream]
+        assert engine.stats().prefill_tokens_saved > 0
+    streamed = [*first.token_ids, *(t for d in rest for t in d.token_ids)]
+    streamed_lps = [*first.logprobs, *(x for d in rest for x in d.logprobs)]
+    reference = reference_logprobs(engine, prompts[4], streamed, 1.0, 1.0)
+    assert torch.allclose(torch.tensor(streamed_lps), reference, atol=1e-4, rtol=0)
+    for ids, out in zip(prompts[:4], outs, strict=True):
+        reference = reference_logprobs(engine, ids, out.token_ids, 0.8, 1.0)
+        assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
+
+
+def test_encode_chat_reuses_identical_requests(engine: TransformersEngine) -> None:
+    """Repeated chat requests (a GRPO group's first turn) are rendered once; results are copies."""
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 5 plus 6?"}]
+    first = engine.encode_chat(chat, TOOLS)
+    first.append(-1)  # a caller mutating its list must not change what the next caller gets
+    calls: list[object] = []
+    template = engine.tokenizer.apply_chat_template
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        return template(*args, **kwargs)
+
+    engine.tokenizer.apply_chat_template = counting
+    try:
+        again = engine.encode_chat([dict(m) for m in chat], TOOLS)
+        other = engine.encode_chat([*chat[:1], {"role": "user", "content": "What is 5 plus 7?"}], TOOLS)
+    finally:
+        del engine.tokenizer.apply_chat_template
+    assert again == first[:-1]
+    assert len(calls) == 1 and other != again  # only the new request was rendered
