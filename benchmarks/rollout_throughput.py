@@ -200,6 +200,11 @@ class _RolloutCPU:
         self._t0 = _cpu_s()
         self.rollout_s = float("nan")
 
+    def finish(self) -> None:
+        """A step without an update (no transition had an advantage): its CPU up to now."""
+        if self.rollout_s != self.rollout_s:
+            self.rollout_s = _cpu_s() - self._t0
+
 
 class _AgentTimes:
     """When the agents of a step start and return, relative to the step's start: the gap before the
@@ -259,6 +264,7 @@ async def _run_steps(
                 clock.profiler = None
             row["bench/engine_busy_s"] = clock.busy_s - busy
             row["bench/engine_cpu_s"] = clock.cpu_s - cpu
+            rollout_cpu.finish()
             row["bench/rollout_cpu_s"] = rollout_cpu.rollout_s
             rows.append(row)
             on_step(svc, step)
