@@ -109,7 +109,8 @@ def test_greedy_exact_match_is_what_greedy_decoding_reproduces() -> None:
     wrong = [*greedy[:-1], (greedy[-1] + 1) % 100]
     assert greedy_exact_match(model, [(prompt, greedy)], 0) == 1.0
     assert greedy_exact_match(model, [(prompt, greedy), (prompt, wrong)], 0) == 0.5
-    assert 0.0 < first_token_probability(model, [prompt], greedy[0]) <= 1.0
+    mean_p, argmax = first_token_probability(model, [prompt], greedy[0])
+    assert 0.0 < mean_p <= 1.0 and argmax == 1.0
 
 
 def test_warm_start_progress_prints_periodic_lines_without_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:

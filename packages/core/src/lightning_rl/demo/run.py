@@ -77,6 +77,12 @@ class DemoConfig:
     """Phase 2 ends when the mean probability of starting with a tool call, on the probe questions, is at
     most this. A fixed count did not do: after 40 steps it ranged 0.18-0.46 over seeds 0-4, and above
     0.5 greedy validation calls the tool, so the 'untrained' base already scored 0.80 on one seed."""
+    habit_greedy_target: float = 0.1
+    """...and greedy decoding starts with a tool call on at most this fraction of the probe questions (the
+    mean alone is not enough: a flat distribution can average 0.21 while the tool call is still its argmax
+    everywhere, and then the greedy base scores like the trained policy)."""
+    habit_min_steps: int = 30
+    """The habit phase's first steps leave the policy in flux (high entropy); it is not checked before."""
     habit_every: int = 10
     """Steps between checks of the habit phase."""
     """Phase 2: steps on a sloppy demonstrator's data, who answers from memory most of the time."""
@@ -138,22 +144,25 @@ def greedy_exact_match(model: Any, examples: Sequence[Example], pad_id: int) -> 
     return hits / len(examples)
 
 
-def first_token_probability(model: Any, prompts: Sequence[list[int]], token_id: int) -> float:
-    """Mean probability that the first sampled token (temperature 1) is ``token_id``."""
+def first_token_probability(model: Any, prompts: Sequence[list[int]], token_id: int) -> tuple[float, float]:
+    """How much the policy starts with ``token_id``: (mean probability at temperature 1, fraction of
+    prompts where it is the greedy choice)."""
     import torch
 
     from lightning_rl.backends.torch_backend import pack_micro_batches
 
     was_training = bool(model.training)
     model.eval()
-    total = 0.0
+    total, argmax = 0.0, 0
     with torch.no_grad():
         for mb in pack_micro_batches([(p, [token_id]) for p in prompts], 16_384, 0):
             logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
             for row, p in enumerate(mb.prompt_lens):
                 total += float(logits[row, p - 1].float().softmax(-1)[token_id])
+                argmax += int(logits[row, p - 1].argmax()) == token_id
     model.train(was_training)
-    return total / max(len(prompts), 1)
+    n = max(len(prompts), 1)
+    return total / n, argmax / n
 
 
 def warm_start(
@@ -207,7 +216,7 @@ def warm_start(
             return {
                 "tool_call": greedy_exact_match(model, probe_calls, pad),
                 "report": greedy_exact_match(model, probe_reports, pad),
-                "p_tool_call": first_token_probability(model, [p for p, _ in probe_calls], tool_token),
+                "p_tool_call": first_token_probability(model, [p for p, _ in probe_calls], tool_token)[0],
             }
 
         with WarmStartProgress(total, enabled=cfg.progress) as bar:
@@ -245,10 +254,10 @@ def warm_start(
                 chunk = min(cfg.habit_every, cfg.habit_steps - habit_done)
                 losses += habit.sft(sloppy, steps=chunk, batch_size=cfg.sft_batch_size, on_step=bar.on_step)
                 habit_done += chunk
-                if probe_calls and first_token_probability(model, [p for p, _ in probe_calls], tool_token) <= (
-                    cfg.habit_target
-                ):
-                    break
+                if habit_done >= cfg.habit_min_steps and probe_calls:
+                    mean_p, greedy = first_token_probability(model, [p for p, _ in probe_calls], tool_token)
+                    if mean_p <= cfg.habit_target and greedy <= cfg.habit_greedy_target:
+                        break
             bar.skip(cfg.habit_steps - habit_done)
         after = {
             "expert_steps": float(done),
