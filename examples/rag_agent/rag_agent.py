@@ -78,14 +78,19 @@ def reward(final_output: str, gold: str) -> float:
     return (1 - FORMAT_BONUS) * f1_score(answer, gold) + (FORMAT_BONUS if matches else 0.0)
 
 
-@cache
 def _client() -> AsyncOpenAI:
     return AsyncOpenAI(base_url=BASE_URL, api_key=os.environ.get("RAG_AGENT_API_KEY", "EMPTY"), max_retries=0)
 
 
-def build_agents(settings: ModelSettings | None = None) -> tuple[Agent[Any], Agent[Any]]:
-    """(planner, answerer): the planner's only move is the handoff; the answerer has the search tool."""
-    model = OpenAIChatCompletionsModel(model=MODEL, openai_client=_client())
+def build_agents(
+    settings: ModelSettings | None = None, client: AsyncOpenAI | None = None
+) -> tuple[Agent[Any], Agent[Any]]:
+    """(planner, answerer): the planner's only move is the handoff; the answerer has the search tool.
+
+    ``client`` is the rollout's OpenAI client; without one the agents get a new client (enough to read
+    their tool schemas, which opens no connection).
+    """
+    model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client or _client())
     settings = settings or ModelSettings()
     answerer = Agent[Any](
         name="answerer", instructions=ANSWERER_PROMPT, tools=[search], model=model, model_settings=settings
@@ -103,12 +108,16 @@ async def rag_agent(task: dict[str, Any], llm: Any = None) -> float:
     """
     sampling = dict(getattr(llm, "sampling", {}) or {})
     settings = ModelSettings(temperature=sampling.get("temperature"), max_tokens=sampling.get("max_tokens"))
-    planner, answerer = build_agents(settings)
     config = RunConfig(workflow_name="rag_agent")
-    try:
-        result = await Runner.run(planner, task["question"], max_turns=MAX_TURNS, run_config=config)
-        if result.last_agent.name != answerer.name:  # the planner answered itself: the answerer decides
-            result = await Runner.run(answerer, result.to_input_list(), max_turns=MAX_TURNS, run_config=config)
-    except AgentsException:  # ran out of turns, called an unknown tool, ...: no answer
-        return 0.0
+    # One client per rollout, closed with it: its pooled connections belong to this event loop. A
+    # process-wide client would keep them open after the loop (and the server) are gone, and a second
+    # asyncio.run in the same process would be handed connections of the first one.
+    async with _client() as client:
+        planner, answerer = build_agents(settings, client)
+        try:
+            result = await Runner.run(planner, task["question"], max_turns=MAX_TURNS, run_config=config)
+            if result.last_agent.name != answerer.name:  # the planner answered itself: the answerer decides
+                result = await Runner.run(answerer, result.to_input_list(), max_turns=MAX_TURNS, run_config=config)
+        except AgentsException:  # ran out of turns, called an unknown tool, ...: no answer
+            return 0.0
     return reward(str(result.final_output or ""), str(task["answer"]))

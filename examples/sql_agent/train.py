@@ -19,6 +19,7 @@ only Lightning line is ``lightning_langchain.instrument(trainable=["writer", "re
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -145,13 +146,14 @@ def warm_start(model_dir: Path, out_dir: Path, tasks: Sequence[dict[str, Any]], 
 def main(argv: Sequence[str] | None = None) -> float | None:
     """Train; returns the held-out reward after training (or the last training reward without validation)."""
     args = parse_args(argv)
+    import httpx
     from langchain_openai import ChatOpenAI
     from pydantic import SecretStr
     from sql_graph import build_graph, solve
 
     import lightning_langchain
     from lightning_rl.backends.torch_backend import TorchBackendConfig
-    from lightning_rl.trainer import Trainer, TrainerConfig
+    from lightning_rl.trainer import Trainer, TrainerConfig, TrainResult
     from lightning_rl.trainer.services import resolve_model
     from lightning_rl.types import Task
 
@@ -168,7 +170,11 @@ def main(argv: Sequence[str] | None = None) -> float | None:
     # The one Lightning line: route, attribute roles, record tools; train only writer and rewriter.
     lightning_langchain.instrument(trainable=["writer", "rewriter"])
 
-    # The user's model, as in production: any base URL and name (the gateway serves the policy).
+    # The user's model, as in production: any base URL and name (the gateway serves the policy). It
+    # has its own httpx client, closed when training ends in the event loop that used it; without one,
+    # langchain-openai hands out a process-wide cached client whose pooled connections outlive this
+    # run's event loop and gateway (open sockets until exit, stale connections for a second run).
+    http = httpx.AsyncClient()
     chat = ChatOpenAI(
         model="sql-writer",
         base_url=os.environ.get("SQL_AGENT_BASE_URL", "http://localhost:8000/v1"),
@@ -176,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> float | None:
         max_completion_tokens=args.max_tokens,
         temperature=1.0,
         max_retries=0,
+        http_async_client=http,
     )
     graph = build_graph(chat, max_rewrites=args.max_rewrites)
 
@@ -198,8 +205,17 @@ def main(argv: Sequence[str] | None = None) -> float | None:
         concurrency=args.batch_size * args.group_size,
         backend=TorchBackendConfig(lr=args.lr, seed=args.seed, old_logprobs="sampled"),
     )
+
+    async def fit() -> TrainResult:
+        try:
+            return await Trainer(config).fit_async(
+                sql_agent, [Task(input=t) for t in train], [Task(input=t) for t in val]
+            )
+        finally:
+            await http.aclose()
+
     try:
-        result = Trainer(config).fit(sql_agent, [Task(input=t) for t in train], [Task(input=t) for t in val])
+        result = asyncio.run(fit())
     finally:
         lightning_langchain.uninstrument()
     rewards = [row["train/reward_mean"] for row in result.history if "train/reward_mean" in row]
