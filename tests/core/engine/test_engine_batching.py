@@ -13,6 +13,7 @@ from lightning_rl.engine import SamplingParams
 from lightning_rl.engine.base import GenerationOutput
 from lightning_rl.engine.hf import TransformersEngine
 
+from .numerics import LOGPROB_ATOL, assert_logprobs_match, cut_is_uncertain, predicting_logits
 from .test_engine_generate import reference_logprobs
 
 
@@ -41,11 +42,20 @@ async def test_concurrent_requests_share_a_batch_and_match_sequential(
     # The same requests one at a time, on another engine over the same weights.
     alone = [await engine.generate(p, s) for p, s in zip(batch, params, strict=True)]
     for ids, a, b in zip(batch, together, alone, strict=True):
-        assert a.token_ids == b.token_ids
-        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
-        assert torch.allclose(
-            torch.tensor(a.logprobs), reference_logprobs(engine, ids, a.token_ids, 0.8, 0.95), atol=1e-4
-        )
+        # Both equal the trainer's full forward pass up to float32 rounding, so each other as well:
+        # batched and alone run matmuls of other shapes, which round differently. At the rare position
+        # where rounding moves a token across the top-p cut, the engine's value is the one with that
+        # token on its side of the cut. Tolerances and why: numerics.py, measured by
+        # `uv run python benchmarks/engine_numerics.py`.
+        assert_logprobs_match(engine, ids, a.token_ids, a.logprobs, 0.8, 0.95)
+        assert_logprobs_match(engine, ids, b.token_ids, b.logprobs, 0.8, 0.95)
+        # Same seed, same tokens: a different token is only possible where the draw met a cut that
+        # rounding made uncertain (then the two completions part there and are each checked above).
+        if a.token_ids != b.token_ids:
+            parted = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y), None)
+            assert parted is not None, "one completion stopped early without sampling another token"
+            logits = predicting_logits(engine, ids, a.token_ids[: parted + 1])[parted]
+            assert cut_is_uncertain(logits, 0.8, 0.95), f"batched and alone sampled different tokens at {parted}"
         assert engine.decode(a.token_ids) == a.text
 
 
@@ -64,7 +74,7 @@ async def test_requests_join_a_running_batch(fresh: TransformersEngine) -> None:
     assert stats.peak_batch == 5 and stats.prefill_sizes[0] == 1 and sum(stats.prefill_sizes[1:]) == 4
     for ids, out in zip(batch[1:], outs, strict=True):
         reference = reference_logprobs(fresh, ids, out.token_ids, 0.7, 1.0)
-        assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
+        assert torch.allclose(torch.tensor(out.logprobs), reference, atol=LOGPROB_ATOL, rtol=0)
 
 
 async def test_more_requests_than_slots_wait_their_turn(tiny_path: Path) -> None:
@@ -158,7 +168,7 @@ async def test_weight_swap_during_traffic(fresh: TransformersEngine) -> None:
         fresh.model.load_state_dict(weights[version])
         for ids, out in (r for r in results if r[1].model_version == version):
             reference = reference_logprobs(fresh, ids, out.token_ids, 1.0, 1.0)
-            assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
+            assert torch.allclose(torch.tensor(out.logprobs), reference, atol=LOGPROB_ATOL, rtol=0)
     fresh.model.load_state_dict(weights[2])
     after = await fresh.generate(batch[0], SamplingParams(max_tokens=3))
     assert after.model_version == 2
