@@ -32,7 +32,9 @@ Two consequences, and the constants the tests use for them:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -56,11 +58,11 @@ CUT_SLACK = 1e-5
 5.4e-7, see above)."""
 
 
-def predicting_logits(engine: TransformersEngine, prompt: Sequence[int], completion: Sequence[int]) -> torch.Tensor:
-    """What a trainer computes: one unpadded full-sequence forward pass, the logits ``[T, V]`` that
-    predicted each of ``completion``'s tokens."""
+def predicting_logits(model: Any, prompt: Sequence[int], completion: Sequence[int]) -> torch.Tensor:
+    """What a trainer computes: one unpadded full-sequence forward pass of ``model``, the logits
+    ``[T, V]`` that predicted each of ``completion``'s tokens."""
     with torch.no_grad():
-        logits = engine.model(torch.tensor([[*prompt, *completion]])).logits[0]
+        logits = model(torch.tensor([[*prompt, *completion]])).logits[0]
     return logits[len(prompt) - 1 : len(prompt) + len(completion) - 1].float()
 
 
@@ -84,11 +86,16 @@ def cut_is_uncertain(logits: torch.Tensor, temperature: float, top_p: float) -> 
 
 
 def _logprob_options(logits: torch.Tensor, token: int, temperature: float, top_p: float) -> list[float]:
-    """The logprobs ``token`` has under each nucleus the uncertain cut can give (it is in all of them)."""
+    """The logprobs ``token`` has under each nucleus the uncertain cut can give (``-inf`` where the
+    nucleus leaves it out: a trainer's recomputation may do that to a token the engine sampled)."""
     sorted_scaled, order, sizes = _nucleus_sizes(logits, temperature, top_p)
     rank = int((order == token).nonzero()[0, 0])
     norms = torch.logcumsumexp(sorted_scaled, dim=-1)
-    return [float(sorted_scaled[rank] - norms[size - 1]) for size in sizes if rank < size]
+    return [float(sorted_scaled[rank] - norms[size - 1]) if rank < size else -math.inf for size in sizes]
+
+
+def _close(got: float, want: float) -> bool:
+    return got == want or abs(got - want) <= LOGPROB_ATOL
 
 
 def assert_logprobs_close(
@@ -96,19 +103,20 @@ def assert_logprobs_close(
 ) -> None:
     """``logprobs`` of ``completion`` equal those from ``logits`` ``[T, V]`` within ``LOGPROB_ATOL``.
 
-    At a position whose top-p cut is uncertain (see the module docstring) the engine may have put
-    the boundary token on the other side: its logprob must then equal the one under that nucleus.
+    At a position whose top-p cut is uncertain (see the module docstring) the side that computed
+    ``logprobs`` may have put the boundary token on the other side: its logprob must then equal the
+    one under that nucleus (``-inf`` if that nucleus leaves the token out).
     """
     assert len(logprobs) == len(completion) == logits.shape[0]
     expected = sampled_logprobs(logits, torch.tensor(completion), temperature, top_p).tolist()
     for position, (got, want) in enumerate(zip(logprobs, expected, strict=True)):
-        if abs(got - want) <= LOGPROB_ATOL:
+        if _close(got, want):
             continue
         options: list[float] = []
         if cut_is_uncertain(logits[position], temperature, top_p):
             options = _logprob_options(logits[position], completion[position], temperature, top_p)
-        assert any(abs(got - option) <= LOGPROB_ATOL for option in options), (
-            f"position {position}: the engine's logprob {got} is not the full forward pass's {want} "
+        assert any(_close(got, option) for option in options), (
+            f"position {position}: logprob {got} is not the full forward pass's {want} "
             f"(nor one of {options}, the values under an uncertain top-p cut)"
         )
 
@@ -122,4 +130,5 @@ def assert_logprobs_match(
     top_p: float,
 ) -> None:
     """The engine's ``logprobs`` of ``completion`` are the trainer's (``assert_logprobs_close``)."""
-    assert_logprobs_close(predicting_logits(engine, prompt, completion), completion, logprobs, temperature, top_p)
+    logits = predicting_logits(engine.model, prompt, completion)
+    assert_logprobs_close(logits, completion, logprobs, temperature, top_p)

@@ -54,7 +54,7 @@ async def test_concurrent_requests_share_a_batch_and_match_sequential(
         if a.token_ids != b.token_ids:
             parted = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y), None)
             assert parted is not None, "one completion stopped early without sampling another token"
-            logits = predicting_logits(engine, ids, a.token_ids[: parted + 1])[parted]
+            logits = predicting_logits(engine.model, ids, a.token_ids[: parted + 1])[parted]
             assert cut_is_uncertain(logits, 0.8, 0.95), f"batched and alone sampled different tokens at {parted}"
         assert engine.decode(a.token_ids) == a.text
 

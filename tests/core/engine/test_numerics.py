@@ -22,9 +22,10 @@ def test_a_cut_within_rounding_accepts_either_side_and_nothing_more() -> None:
     assert_logprobs_close(LOGITS, [0], [DROP_2 + LOGPROB_ATOL / 2], 1.0, top_p)  # token 2 fell out
     with pytest.raises(AssertionError, match="uncertain top-p cut"):
         assert_logprobs_close(LOGITS, [0], [DROP_2 + 3 * LOGPROB_ATOL], 1.0, top_p)
-    # The token on the boundary itself has no logprob once it is out: only the computed value stands.
+    # The token on the boundary itself: its logprob, or -inf from a side that cut it out.
     kept = math.log(0.15 / 0.95)
     assert_logprobs_close(LOGITS, [2], [kept], 1.0, top_p)
+    assert_logprobs_close(LOGITS, [2], [-math.inf], 1.0, top_p)
     with pytest.raises(AssertionError):
         assert_logprobs_close(LOGITS, [2], [kept + 3 * LOGPROB_ATOL], 1.0, top_p)
 
@@ -35,5 +36,7 @@ def test_a_cut_beyond_rounding_is_exact() -> None:
     assert_logprobs_close(LOGITS, [0], [KEEP_2 - LOGPROB_ATOL / 2], 1.0, top_p)
     with pytest.raises(AssertionError):
         assert_logprobs_close(LOGITS, [0], [DROP_2], 1.0, top_p)
+    with pytest.raises(AssertionError):
+        assert_logprobs_close(LOGITS, [2], [-math.inf], 1.0, top_p)
     # Without top-p there is no cut to move.
     assert not cut_is_uncertain(LOGITS[0], 1.0, 1.0) and not cut_is_uncertain(LOGITS[0], 0.0, 0.8)

@@ -15,6 +15,8 @@ from lightning_rl.engine.base import SamplingParams
 from lightning_rl.engine.hf import TransformersEngine
 from lightning_rl.types import Transition
 
+from ..engine.numerics import assert_logprobs_close, predicting_logits
+
 
 def _policy(path: Path, **cfg: object) -> TorchBackend:
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -54,8 +56,14 @@ async def test_engine_and_trainer_logprobs_agree(tiny_model_path: Path, temperat
     recomputed = policy.logprobs(transitions)
     for t, ours in zip(transitions, recomputed, strict=True):
         assert t.response_logprobs is not None and len(ours) == len(t.response_ids) > 0
-        for a, b in zip(t.response_logprobs, ours, strict=True):
-            assert math.isfinite(a) and abs(a - b) < 1e-4, (a, b)
+        assert all(math.isfinite(a) for a in t.response_logprobs)
+        # Both are a full forward pass's values up to float32 rounding (engine and trainer run other
+        # shapes); where rounding moves a token across the top-p cut, either may have it on the other
+        # side (the trainer then gives -inf). Tolerances and why: tests/core/engine/numerics.py,
+        # measured by `uv run python benchmarks/engine_numerics.py`.
+        logits = predicting_logits(policy.model, t.prompt_ids, t.response_ids)
+        assert_logprobs_close(logits, t.response_ids, t.response_logprobs, temperature, top_p)
+        assert_logprobs_close(logits, t.response_ids, ours, temperature, top_p)
 
 
 def _fixed_batch(n: int = 6) -> list[Transition]:
