@@ -22,8 +22,8 @@ Two consequences, and the constants the tests use for them:
   model, whose distributions are nearly flat): far beyond rounding. The engine's inverse-CDF sampler
   may then also pick another token from the same uniform draw (measured: probability 0.16 to 0.28 at
   such a position); elsewhere a sampled token differs with probability ~3e-6 per position. Such
-  positions are rare (1 of 1,280 distinct positions vs the full forward pass in the measurement),
-  but which ones depends on the CPU's kernels: on a 2-core Xeon with AVX-512 and AMX one of the 160
+  positions are rare (1 or 2 of 1,280 distinct positions vs the full forward pass in the measurement),
+  but which ones depends on the CPU's kernels: on a 2-core Xeon with AVX-512 one of the 160
   tokens of ``test_concurrent_requests_share_a_batch_and_match_sequential`` had a logprob 5.2e-4
   apart batched and alone. So the tests accept, at a position whose cut is uncertain by
   ``CUT_SLACK``, the logprob under the other cut, and let two runs of one seeded request part there
