@@ -160,17 +160,7 @@ def demonstrations(tasks: Sequence[Task], *, tool_rate: float, seed: int) -> lis
             arguments = json.dumps({"operation": data["operation"]})
             call = f'<tool_call>{{"name": "calculator", "arguments": {arguments}}}</tool_call>'
             out.append(Demonstration(base, call))
-            history = base + [
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
-                    ],
-                },
-                {"role": "tool", "tool_call_id": "call_0", "content": str(answer)},
-            ]
-            out.append(Demonstration(history, f"The answer is {answer}."))
+            out.append(Demonstration(_after_tool_call(base, arguments, answer), f"The answer is {answer}."))
         else:
             guess = answer + rng.choice([-1, 1]) * rng.randint(1, 9)
             out.append(Demonstration(base, f"I think it is {guess}."))
@@ -197,17 +187,17 @@ def reporting_demonstrations(
         arguments = json.dumps({"operation": data["operation"]})
         for _ in range(per_task):
             result = rng.choice((-1, 1, 1, 1)) * rng.randint(0, 10 ** rng.randint(1, max_digits))
-            history = [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": data["question"]},
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
-                    ],
-                },
-                {"role": "tool", "tool_call_id": "call_0", "content": str(result)},
-            ]
+            base = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": data["question"]}]
+            history = _after_tool_call(base, arguments, result)
             out.append(Demonstration(history, f"The answer is {result}."))
     return out
+
+
+def _after_tool_call(base: list[dict[str, Any]], arguments: str, result: int) -> list[dict[str, Any]]:
+    """``base`` followed by the assistant's calculator call and the tool's ``result``."""
+    call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+    return [
+        *base,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": str(result)},
+    ]
