@@ -43,9 +43,9 @@ from typing import Any
 
 import torch
 
-from lightning_rl.backends.torch_backend import TorchBackendConfig
 from lightning_rl.demo.calculator import calculator_agent, make_tasks
 from lightning_rl.demo.run import DemoConfig, warm_start
+from lightning_rl.demo.run import demo_trainer_config as _demo_trainer_config
 from lightning_rl.trainer import Trainer, TrainerConfig
 from lightning_rl.trainer.services import Services, resolve_model
 from lightning_rl.types import Task
@@ -56,24 +56,8 @@ _HERE = Path(__file__).resolve().parent
 
 
 def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig) -> TrainerConfig:
-    """The ``TrainerConfig`` that ``lightning_rl.demo.run.run_demo`` builds (kept in step with it)."""
-    return TrainerConfig(
-        model=model,
-        run_dir=run_dir,
-        steps=cfg.steps,
-        batch_size=cfg.batch_size,
-        group_size=cfg.group_size,
-        temperature=cfg.temperature,
-        val_temperature=cfg.val_temperature,
-        max_tokens=48,
-        val_every=cfg.val_every,
-        air={"tool_error": -0.1},
-        seed=cfg.seed,
-        progress=False,
-        tensorboard=False,
-        concurrency=cfg.batch_size * cfg.group_size,
-        backend=TorchBackendConfig(lr=cfg.rl_lr, seed=cfg.seed, old_logprobs="sampled", temperature=cfg.temperature),
-    )
+    """The demo's ``TrainerConfig`` (one definition, in ``lightning_rl.demo.run``), quiet."""
+    return _demo_trainer_config(model, run_dir, cfg, progress=False, tensorboard=False)
 
 
 def engine_batched_tokens_per_s(model: str | None, runs: int) -> float:

@@ -35,6 +35,7 @@ __all__ = [
     "run_demo",
     "print_summary",
     "greedy_exact_match",
+    "demo_trainer_config",
     "first_token_probability",
 ]
 
@@ -285,6 +286,27 @@ def warm_start(
     return out_dir
 
 
+def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig, **overrides: Any) -> TrainerConfig:
+    """The ``TrainerConfig`` of the demo's RL phase (also used by benchmarks/rollout_throughput.py)."""
+    settings: dict[str, Any] = {
+        "model": model,
+        "run_dir": run_dir,
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "group_size": cfg.group_size,
+        "temperature": cfg.temperature,
+        "val_temperature": cfg.val_temperature,
+        "max_tokens": 48,
+        "val_every": cfg.val_every,
+        "air": {"tool_error": -0.1},
+        "seed": cfg.seed,
+        "progress": cfg.progress,
+        "concurrency": cfg.batch_size * cfg.group_size,
+        "backend": TorchBackendConfig(lr=cfg.rl_lr, seed=cfg.seed, old_logprobs="sampled", temperature=cfg.temperature),
+    }
+    return TrainerConfig(**{**settings, **overrides})
+
+
 def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     from lightning_rl.trainer.services import resolve_model
 
@@ -299,26 +321,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     val = tasks[cfg.n_train : cfg.n_train + cfg.n_val]
     probe = tasks[cfg.n_train + cfg.n_val :]
     warm = warm_start(base, run_dir / "warm_start", cfg, train, probe)
-    trainer = Trainer(
-        TrainerConfig(
-            model=str(warm),
-            run_dir=str(run_dir),
-            steps=cfg.steps,
-            batch_size=cfg.batch_size,
-            group_size=cfg.group_size,
-            temperature=cfg.temperature,
-            val_temperature=cfg.val_temperature,
-            max_tokens=48,
-            val_every=cfg.val_every,
-            air={"tool_error": -0.1},
-            seed=cfg.seed,
-            progress=cfg.progress,
-            concurrency=cfg.batch_size * cfg.group_size,
-            backend=TorchBackendConfig(
-                lr=cfg.rl_lr, seed=cfg.seed, old_logprobs="sampled", temperature=cfg.temperature
-            ),
-        )
-    )
+    trainer = Trainer(demo_trainer_config(str(warm), str(run_dir), cfg))
     result = trainer.fit(calculator_agent, train, val)
     return DemoResult(run_dir, result.val_before, result.val_after, time.perf_counter() - started, result)
 
