@@ -13,7 +13,7 @@ import time
 import pytest
 
 from lightning_rl.errors import ConflictError, IllegalTransitionError, InvalidRequestError, NotFoundError
-from lightning_rl.store.base import MAX_BATCH, MAX_PAGE, LightningStore
+from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, MAX_BATCH, MAX_PAGE, LightningStore
 from lightning_rl.types import (
     AttemptStatus,
     Claim,
@@ -113,7 +113,8 @@ async def test_claim_is_fifo_and_opens_an_attempt(store: LightningStore) -> None
         assert c.rollout.status is RolloutStatus.RUNNING and c.rollout.attempt_count == 1
         a = c.attempt
         assert (a.rollout_id, a.number, a.worker_id, a.status) == (c.rollout.id, 1, "worker-a", AttemptStatus.RUNNING)
-        assert a.started_at == a.heartbeat_at and a.deadline is None and a.ended_at is None
+        assert a.started_at == a.heartbeat_at and a.ended_at is None
+        assert a.deadline == pytest.approx(a.heartbeat_at + DEFAULT_HEARTBEAT_TIMEOUT_S)  # every attempt has one
         assert await store.get_attempt(a.id) == a
         assert await store.get_rollout(c.rollout.id) == c.rollout
     assert claims[0].attempt.id != claims[1].attempt.id
@@ -149,6 +150,50 @@ async def test_attempt_deadline_follows_the_config(store: LightningStore) -> Non
     assert c1.attempt.deadline == pytest.approx(c1.attempt.started_at + 100)
     assert c2.attempt.deadline == pytest.approx(c2.attempt.heartbeat_at + 30)
     assert c3.attempt.deadline == pytest.approx(c3.attempt.started_at + 30)
+
+
+async def test_worker_timeout_is_the_deadline_when_the_config_sets_none(store: LightningStore) -> None:
+    await store.enqueue([req(1), req(2, config=RolloutConfig(timeout_s=100))])
+    mine, theirs = await store.claim("w", n=2, timeout_s=0.2)
+    assert (mine.attempt.timeout_s, theirs.attempt.timeout_s) == (0.2, 100)  # the rollout's own limit wins
+    assert mine.attempt.deadline == pytest.approx(mine.attempt.started_at + 0.2)
+    await asyncio.sleep(0.1)
+    beat = await store.heartbeat(mine.attempt.id)
+    assert beat.deadline == pytest.approx(mine.attempt.started_at + 0.2)  # a heartbeat does not extend a timeout
+    await asyncio.sleep(0.2)  # the worker died: nobody reports, the store ends the attempt by itself
+    lost = await store.get_attempt(mine.attempt.id)
+    assert lost.status is AttemptStatus.TIMED_OUT
+    assert lost.error is not None and "--timeout" in lost.error and "0.2 s" in lost.error
+    assert (await store.get_rollout("r1")).status is RolloutStatus.TIMED_OUT
+    assert (await store.get_attempt(theirs.attempt.id)).status is AttemptStatus.RUNNING
+
+
+async def test_worker_timeout_requeues_per_config(store: LightningStore) -> None:
+    await store.enqueue([req(1, config=RolloutConfig(max_attempts=2))])
+    first = (await store.claim("dies", timeout_s=0.1))[0]
+    await asyncio.sleep(0.2)
+    again = (await store.claim("w2"))[0]  # the expired attempt was requeued, then claimed without a timeout
+    assert again.rollout.id == "r1" and again.attempt.number == 2 and again.attempt.timeout_s is None
+    assert (await store.get_attempt(first.attempt.id)).status is AttemptStatus.TIMED_OUT
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+async def test_claim_refuses_a_bad_worker_timeout(store: LightningStore, bad: float) -> None:
+    await store.enqueue([req(1)])
+    with pytest.raises(InvalidRequestError, match="timeout_s"):
+        await store.claim("w", timeout_s=bad)
+    assert (await store.get_rollout("r1")).status is RolloutStatus.QUEUED  # nothing claimed
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), float("1e400")])
+async def test_finish_refuses_a_reward_that_is_not_finite(store: LightningStore, bad: float) -> None:
+    await store.enqueue([req(1)])
+    claim = await claim_one(store)
+    with pytest.raises(InvalidRequestError, match="reward must be a finite number"):
+        await store.finish_attempt(claim.attempt.id, AttemptStatus.SUCCEEDED, reward=bad)
+    assert (await store.get_attempt(claim.attempt.id)).status is AttemptStatus.RUNNING  # nothing recorded
+    rollout = await store.finish_attempt(claim.attempt.id, AttemptStatus.SUCCEEDED, reward=0.5)
+    assert rollout.final_reward == 0.5
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,14 +358,27 @@ async def test_lost_worker_not_retried_without_heartbeat_in_retry_on(store: Ligh
 
 
 async def test_expire_at_an_explicit_time(store: LightningStore) -> None:
-    await store.enqueue([req(1, config=RolloutConfig(timeout_s=100, max_attempts=2)), req(2)])
+    limits = RolloutConfig(timeout_s=100, heartbeat_timeout_s=1000, max_attempts=2)
+    await store.enqueue([req(1, config=limits), req(2, config=RolloutConfig(heartbeat_timeout_s=1000))])
     c1, c2 = await store.claim("w", n=2)
     assert await store.expire(c1.attempt.started_at + 99) == 0
     assert await store.expire(now=c1.attempt.started_at + 101) == 1  # the protocol names it `now`
     assert (await store.get_attempt(c1.attempt.id)).status is AttemptStatus.TIMED_OUT
     assert (await store.get_rollout("r1")).status is RolloutStatus.REQUEUED
-    assert (await store.get_attempt(c2.attempt.id)).status is AttemptStatus.RUNNING  # no limits: never expires
-    assert await store.expire(c1.attempt.started_at + 10_000) == 0
+    assert (await store.get_attempt(c2.attempt.id)).status is AttemptStatus.RUNNING  # no timeout, heartbeat not due
+    assert await store.expire(c1.attempt.started_at + 500) == 0
+
+
+async def test_an_attempt_without_limits_still_has_a_deadline(store: LightningStore) -> None:
+    """A worker killed while its rollout has no timeout in its config must not leave it running forever."""
+    await store.enqueue([req(1, config=RolloutConfig(max_attempts=2))])
+    claim = await claim_one(store, "killed")
+    assert claim.attempt.deadline == pytest.approx(claim.attempt.started_at + DEFAULT_HEARTBEAT_TIMEOUT_S)
+    assert await store.expire(claim.attempt.heartbeat_at + DEFAULT_HEARTBEAT_TIMEOUT_S - 1) == 0
+    assert await store.expire(claim.attempt.heartbeat_at + DEFAULT_HEARTBEAT_TIMEOUT_S + 1) == 1
+    lost = await store.get_attempt(claim.attempt.id)
+    assert lost.status is AttemptStatus.TIMED_OUT and lost.error is not None and "no heartbeat for 60 s" in lost.error
+    assert (await store.get_rollout("r1")).status is RolloutStatus.REQUEUED  # retried per the config
 
 
 # --------------------------------------------------------------------------------------------

@@ -203,6 +203,10 @@ class Attempt(_Model):
     heartbeat_at: float
     ended_at: float | None = None
     deadline: float | None = Field(default=None, description="When the store times the attempt out.")
+    timeout_s: float | None = Field(
+        default=None,
+        description="The attempt's wall-clock limit: the rollout's timeout_s, else the claiming worker's (None: none).",
+    )
     error: str | None = None
     reward: float | None = None
 

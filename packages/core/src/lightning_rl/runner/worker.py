@@ -18,8 +18,10 @@ Failure handling, which is the point of this module:
 * If the store already ended the attempt (it timed it out, or it was cancelled), a heartbeat or the
   final report is refused; the runner logs it, cancels the agent if it is still running, and goes on.
 * A worker process that dies mid-rollout stops heartbeating; the store times the attempt out
-  (``heartbeat_timeout_s``) and requeues the rollout for another worker. Nothing here is needed for
-  that, except to heartbeat often enough, which the runner derives from the rollout's config.
+  (``heartbeat_timeout_s``, or the store's default when the config sets none) and requeues the
+  rollout for another worker. Nothing here is needed for that, except to heartbeat often enough,
+  which the runner derives from the rollout's config, and to send its own ``default_timeout_s``
+  with each claim so the store enforces it as the attempt's deadline.
 
 None of these stop the runner: only ``stop_event`` (or ``until_idle``) does.
 """
@@ -44,7 +46,7 @@ from typing import Any
 from lightning_rl import semconv
 from lightning_rl.agent import LLM, AgentFn, is_async_agent
 from lightning_rl.errors import IllegalTransitionError, NotFoundError, StoreUnavailableError
-from lightning_rl.store.base import LightningStore
+from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, LightningStore
 from lightning_rl.store.writer import SpanWriter
 from lightning_rl.tracing import RolloutContext, emit_span, rollout_context, span
 from lightning_rl.tracing._tracer import as_reward
@@ -241,7 +243,9 @@ class Runner:
         if free <= 0:
             return []
         try:
-            return await self.store.claim(self.worker_id, n=free)
+            # The runner's own timeout travels with the claim, so the store enforces it too (a worker
+            # killed mid-rollout cannot enforce anything).
+            return await self.store.claim(self.worker_id, n=free, timeout_s=self.default_timeout_s)
         except Exception as exc:
             self.stats.store_errors += 1
             _log.warning(
@@ -418,8 +422,8 @@ class Runner:
         self, attempt_id: str, rollout: Rollout, future: asyncio.Future[Any], lost: asyncio.Event
     ) -> None:
         interval = self.heartbeat_interval_s
-        if rollout.config.heartbeat_timeout_s is not None:
-            interval = min(interval, rollout.config.heartbeat_timeout_s / 3)
+        heartbeat_timeout = rollout.config.heartbeat_timeout_s or DEFAULT_HEARTBEAT_TIMEOUT_S
+        interval = min(interval, heartbeat_timeout / 3)
         while not future.done():
             await asyncio.sleep(interval)
             try:

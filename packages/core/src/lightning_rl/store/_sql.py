@@ -20,7 +20,15 @@ from pydantic import BaseModel
 
 from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
 from lightning_rl.store._spanjson import dump_span
-from lightning_rl.store.base import attempt_deadline, attempt_outcome, check_batch, same_request, set_rollout_status
+from lightning_rl.store.base import (
+    attempt_deadline,
+    attempt_outcome,
+    attempt_timeout,
+    check_batch,
+    check_reward,
+    same_request,
+    set_rollout_status,
+)
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
     Attempt,
@@ -58,6 +66,7 @@ __all__ = [
     "check_resend",
     "check_claim_args",
     "check_finish_status",
+    "check_finish",
     "check_span_targets",
     "open_attempt",
     "end_attempt",
@@ -99,6 +108,7 @@ ATTEMPT_COLUMNS = (
     "deadline",
     "error",
     "reward",
+    "timeout_s",
 )
 """Columns of the attempts table that make an ``Attempt`` (the table also has ``seq`` and ``span_count``)."""
 
@@ -183,6 +193,7 @@ def attempt_from_row(row: Sequence[Any]) -> Attempt:
         deadline=row[8],
         error=row[9],
         reward=row[10],
+        timeout_s=row[11],
     )
 
 
@@ -200,6 +211,7 @@ def attempt_insert_params(a: Attempt) -> tuple[Any, ...]:
         a.deadline,
         a.error,
         a.reward,
+        a.timeout_s,
     )
 
 
@@ -246,7 +258,8 @@ def check_resend(stored: Rollout, request: RolloutRequest) -> None:
         )
 
 
-def check_claim_args(worker_id: str, n: int) -> None:
+def check_claim_args(worker_id: str, n: int, timeout_s: float | None = None) -> None:
+    attempt_timeout(RolloutConfig(), timeout_s)
     if n < 1:
         raise InvalidRequestError(f"claim n must be >= 1, got {n}.")
     check_batch("claim", n)
@@ -257,6 +270,12 @@ def check_claim_args(worker_id: str, n: int) -> None:
 def check_finish_status(status: AttemptStatus) -> None:
     if status not in (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.TIMED_OUT):
         raise InvalidRequestError(f"finish_attempt status must be succeeded, failed or timed_out, not {status}.")
+
+
+def check_finish(status: AttemptStatus, reward: float | None) -> None:
+    """``check_finish_status`` plus a finite reward (see ``check_reward``)."""
+    check_finish_status(status)
+    check_reward(reward)
 
 
 def check_span_targets(spans: Sequence[Span], attempt_rollout: dict[str, str]) -> None:
@@ -303,12 +322,13 @@ def resources_not_found(version: int | None, latest: int) -> NotFoundError:
 # --------------------------------------------------------------------------------------------
 
 
-def open_attempt(rollout: Rollout, worker_id: str, t: float) -> Attempt:
-    """Move a waiting rollout to running and return the attempt opened for it."""
+def open_attempt(rollout: Rollout, worker_id: str, t: float, worker_timeout_s: float | None = None) -> Attempt:
+    """Move a waiting rollout to running and return the attempt opened for it (see ``attempt_timeout``)."""
     check_rollout_transition(rollout.id, rollout.status, RolloutStatus.RUNNING)
     rollout.status = RolloutStatus.RUNNING
     rollout.attempt_count += 1
     rollout.updated_at = t
+    timeout = attempt_timeout(rollout.config, worker_timeout_s)
     return Attempt(
         id=new_id("at-"),
         rollout_id=rollout.id,
@@ -316,7 +336,8 @@ def open_attempt(rollout: Rollout, worker_id: str, t: float) -> Attempt:
         worker_id=worker_id,
         started_at=t,
         heartbeat_at=t,
-        deadline=attempt_deadline(rollout.config, t, t),
+        deadline=attempt_deadline(rollout.config, t, t, timeout),
+        timeout_s=timeout,
     )
 
 

@@ -7,6 +7,7 @@ HTTP stores cannot drift apart (one contract test suite runs against each).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +36,10 @@ __all__ = [
     "Outcome",
     "attempt_outcome",
     "attempt_deadline",
+    "attempt_timeout",
     "expiry_reason",
+    "check_reward",
+    "DEFAULT_HEARTBEAT_TIMEOUT_S",
     "now",
     "same_request",
     "set_rollout_status",
@@ -49,6 +53,11 @@ MAX_BATCH = 10_000
 """Most items in one enqueue / add_spans / claim call."""
 MAX_PAGE = 10_000
 """Most items one query returns."""
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
+"""How long an attempt may go without a heartbeat when its rollout's config sets no
+``heartbeat_timeout_s``. Without it, an attempt whose worker died (kill -9, a lost machine) would
+stay ``running`` forever; with it, every attempt has a deadline. The runner heartbeats at least
+every third of it, and the trainer's own default is the same 60 s."""
 
 
 @runtime_checkable
@@ -61,8 +70,12 @@ class LightningStore(Protocol):
         re-sending it with a different task raises ``ConflictError``."""
         ...
 
-    async def claim(self, worker_id: str, n: int = 1) -> list[Claim]:
-        """Atomically take up to ``n`` queued rollouts (oldest first) and open an attempt on each."""
+    async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
+        """Atomically take up to ``n`` queued rollouts (oldest first) and open an attempt on each.
+
+        ``timeout_s`` is the worker's own limit (``lightning-rl runner --timeout``): it becomes the
+        attempt's timeout where the rollout's config sets none, so the store enforces the limit the
+        worker runs with even when the worker dies."""
         ...
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
@@ -196,22 +209,50 @@ def attempt_outcome(
     return Outcome(RolloutStatus.TIMED_OUT, error)
 
 
-def attempt_deadline(config: RolloutConfig, started_at: float, heartbeat_at: float) -> float | None:
-    """The earliest time the store must time out an attempt, or None if it may run forever."""
-    candidates: list[float] = []
-    if config.timeout_s is not None:
-        candidates.append(started_at + config.timeout_s)
-    if config.heartbeat_timeout_s is not None:
-        candidates.append(heartbeat_at + config.heartbeat_timeout_s)
-    return min(candidates) if candidates else None
+def attempt_timeout(config: RolloutConfig, worker_timeout_s: float | None) -> float | None:
+    """An attempt's wall-clock limit: the rollout's ``timeout_s``, else the claiming worker's."""
+    if worker_timeout_s is not None and not (math.isfinite(worker_timeout_s) and worker_timeout_s > 0):
+        raise InvalidRequestError(f"claim timeout_s must be a positive number of seconds, got {worker_timeout_s}.")
+    return config.timeout_s if config.timeout_s is not None else worker_timeout_s
+
+
+def _heartbeat_timeout(config: RolloutConfig) -> float:
+    hb = config.heartbeat_timeout_s
+    return hb if hb is not None else DEFAULT_HEARTBEAT_TIMEOUT_S
+
+
+def attempt_deadline(
+    config: RolloutConfig, started_at: float, heartbeat_at: float, timeout_s: float | None = None
+) -> float:
+    """The earliest time the store must time out an attempt.
+
+    Every attempt has one: the heartbeat rule (the config's ``heartbeat_timeout_s`` or
+    ``DEFAULT_HEARTBEAT_TIMEOUT_S``) always applies, and ``timeout_s`` (the attempt's own limit,
+    see ``attempt_timeout``) may end it sooner.
+    """
+    deadline = heartbeat_at + _heartbeat_timeout(config)
+    if timeout_s is not None:
+        deadline = min(deadline, started_at + timeout_s)
+    return deadline
 
 
 def expiry_reason(config: RolloutConfig, attempt: Attempt, now: float) -> tuple[RetryReason, str]:
     """Why an attempt past its deadline expired, with a message that says what happened."""
-    if config.timeout_s is not None and now >= attempt.started_at + config.timeout_s:
-        return "timed_out", f"attempt ran past the rollout timeout of {config.timeout_s:g} s"
-    hb = config.heartbeat_timeout_s or 0.0
+    timeout = attempt.timeout_s
+    if timeout is not None and now >= attempt.started_at + timeout:
+        whose = "rollout" if config.timeout_s is not None else "worker's (--timeout)"
+        return "timed_out", f"attempt ran past the {whose} timeout of {timeout:g} s"
+    hb = _heartbeat_timeout(config)
     return "heartbeat", f"worker {attempt.worker_id} sent no heartbeat for {hb:g} s (worker lost?)"
+
+
+def check_reward(reward: float | None) -> None:
+    """Refuse a reward that is not a finite number: NaN or infinity would be stored as null next to
+    a ``succeeded`` status, and would poison every advantage of its group."""
+    if reward is not None and not math.isfinite(reward):
+        raise InvalidRequestError(
+            f"reward must be a finite number, got {reward!r}; clip or replace NaN/inf before finishing the attempt."
+        )
 
 
 def set_rollout_status(rollout: Rollout, status: RolloutStatus, error: str | None, t: float) -> None:

@@ -44,6 +44,7 @@ from lightning_rl.errors import (
     StoreUnavailableError,
     error_from_status,
 )
+from lightning_rl.store.base import attempt_timeout, check_reward
 from lightning_rl.types import (
     Attempt,
     AttemptStatus,
@@ -51,6 +52,7 @@ from lightning_rl.types import (
     LLMResource,
     Resources,
     Rollout,
+    RolloutConfig,
     RolloutRequest,
     RolloutStatus,
     Span,
@@ -101,12 +103,13 @@ class EnqueueBody(_Body):
 class ClaimBody(_Body):
     worker_id: str
     n: int = 1
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class FinishBody(_Body):
     status: AttemptStatus
     error: str | None = None
-    reward: float | None = None
+    reward: float | None = Field(default=None, allow_inf_nan=False)
 
 
 class IdsBody(_Body):
@@ -416,11 +419,12 @@ class StoreClient:
         body = EnqueueBody.model_construct(requests=list(requests))
         return RolloutList.model_validate_json(await self._call("POST", "/rollouts/enqueue", body)).rollouts
 
-    async def claim(self, worker_id: str, n: int = 1) -> list[Claim]:
+    async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
         """Claim up to ``n`` rollouts. Retried like every call; if a response is lost, the attempts
-        it opened are orphaned and the store times them out through the rollout's heartbeat timeout,
-        then requeues them (so remote workers should enqueue with ``heartbeat_timeout_s``)."""
-        body = ClaimBody.model_construct(worker_id=worker_id, n=n)
+        it opened are orphaned and the store times them out through their heartbeat deadline (the
+        rollout's ``heartbeat_timeout_s`` or the store's default), then requeues them."""
+        attempt_timeout(RolloutConfig(), timeout_s)  # JSON has no NaN/inf: check here, not on the server
+        body = ClaimBody.model_construct(worker_id=worker_id, n=n, timeout_s=timeout_s)
         return ClaimList.model_validate_json(await self._call("POST", "/rollouts/claim", body)).claims
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
@@ -434,6 +438,7 @@ class StoreClient:
         error: str | None = None,
         reward: float | None = None,
     ) -> Rollout:
+        check_reward(reward)  # JSON has no NaN/inf: sent, it would arrive as null
         body = FinishBody.model_construct(status=status, error=error, reward=reward)
         path = f"/attempts/{_q(attempt_id)}/finish"
         try:

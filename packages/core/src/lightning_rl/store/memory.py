@@ -22,8 +22,10 @@ from lightning_rl.store._spanjson import dump_span
 from lightning_rl.store.base import (
     attempt_deadline,
     attempt_outcome,
+    attempt_timeout,
     check_batch,
     check_page,
+    check_reward,
     expiry_reason,
     same_request,
     set_rollout_status,
@@ -38,6 +40,7 @@ from lightning_rl.types import (
     Resources,
     RetryReason,
     Rollout,
+    RolloutConfig,
     RolloutRequest,
     RolloutStatus,
     Span,
@@ -105,12 +108,13 @@ class MemoryStore:
             self._changed.notify_all()
             return out
 
-    async def claim(self, worker_id: str, n: int = 1) -> list[Claim]:
+    async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
         if n < 1:
             raise InvalidRequestError(f"claim n must be >= 1, got {n}.")
         check_batch("claim", n)
         if not worker_id:
             raise InvalidRequestError("worker_id must be a non-empty string.")
+        attempt_timeout(RolloutConfig(), timeout_s)  # refuse a bad timeout before claiming anything
         async with self._lock:
             self._expire_locked(wall_clock())
             waiting: list[Rollout] = []
@@ -126,6 +130,7 @@ class MemoryStore:
                 rollout.status = RolloutStatus.RUNNING
                 rollout.attempt_count += 1
                 rollout.updated_at = t
+                timeout = attempt_timeout(rollout.config, timeout_s)
                 attempt = Attempt(
                     id=new_id("at-"),
                     rollout_id=rollout.id,
@@ -133,7 +138,8 @@ class MemoryStore:
                     worker_id=worker_id,
                     started_at=t,
                     heartbeat_at=t,
-                    deadline=attempt_deadline(rollout.config, t, t),
+                    deadline=attempt_deadline(rollout.config, t, t, timeout),
+                    timeout_s=timeout,
                 )
                 self._attempts[attempt.id] = attempt
                 self._running.add(attempt.id)
@@ -149,7 +155,8 @@ class MemoryStore:
                 check_attempt_transition(attempt.id, attempt.status, AttemptStatus.RUNNING)
             t = wall_clock()
             attempt.heartbeat_at = t
-            attempt.deadline = attempt_deadline(self._rollouts[attempt.rollout_id].config, attempt.started_at, t)
+            config = self._rollouts[attempt.rollout_id].config
+            attempt.deadline = attempt_deadline(config, attempt.started_at, t, attempt.timeout_s)
             return attempt.model_copy()
 
     async def finish_attempt(
@@ -162,6 +169,7 @@ class MemoryStore:
     ) -> Rollout:
         if status not in (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.TIMED_OUT):
             raise InvalidRequestError(f"finish_attempt status must be succeeded, failed or timed_out, not {status}.")
+        check_reward(reward)
         async with self._lock:
             attempt = self._get_attempt(attempt_id)
             self._expire_locked(wall_clock())

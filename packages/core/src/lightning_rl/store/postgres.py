@@ -28,7 +28,14 @@ from typing import Any, Final, LiteralString, TypeVar, cast
 
 from lightning_rl.errors import InvalidRequestError, StoreUnavailableError
 from lightning_rl.store import _sql as q
-from lightning_rl.store.base import attempt_deadline, check_batch, check_page, expiry_reason, now
+from lightning_rl.store.base import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
+    attempt_deadline,
+    check_batch,
+    check_page,
+    expiry_reason,
+    now,
+)
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
     Attempt,
@@ -151,6 +158,14 @@ CREATE INDEX IF NOT EXISTS spans_attempt ON spans (attempt_id, seq);
 CREATE TABLE IF NOT EXISTS resources (version INTEGER PRIMARY KEY, data JSON NOT NULL);
 """
 
+_UPGRADE = _trusted(f"""
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS timeout_s DOUBLE PRECISION;
+UPDATE attempts SET deadline = heartbeat_at + {DEFAULT_HEARTBEAT_TIMEOUT_S!r}
+    WHERE status = 'running' AND deadline IS NULL;
+""")
+"""Additive changes to a schema an older Lightning created (older versions can still use it): the
+attempt's ``timeout_s`` column, and a deadline for running attempts that had none."""
+
 
 class PostgresStore:
     """A store in a PostgreSQL database (see the module docstring). Create it with ``await PostgresStore.open(dsn)``."""
@@ -190,6 +205,13 @@ class PostgresStore:
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
                 await conn.execute(_SCHEMA)  # several statements, no parameters: one round trip
             await store._check_version(conn)
+            columns = await conn.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
+                " AND table_name = 'attempts' AND column_name = 'timeout_s'"
+            )
+            if await columns.fetchone() is None:
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+                await conn.execute(_UPGRADE)
         return store
 
     def __repr__(self) -> str:
@@ -203,9 +225,9 @@ class PostgresStore:
             return []
         return await self._run(lambda c: self._enqueue(c, reqs))
 
-    async def claim(self, worker_id: str, n: int = 1) -> list[Claim]:
-        q.check_claim_args(worker_id, n)
-        return await self._run(lambda c: self._claim(c, worker_id, n), expire=True)
+    async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
+        q.check_claim_args(worker_id, n, timeout_s)
+        return await self._run(lambda c: self._claim(c, worker_id, n, timeout_s), expire=True)
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
         return await self._run(lambda c: self._heartbeat(c, attempt_id), expire=True)
@@ -218,7 +240,7 @@ class PostgresStore:
         error: str | None = None,
         reward: float | None = None,
     ) -> Rollout:
-        q.check_finish_status(status)
+        q.check_finish(status, reward)
         return await self._run(lambda c: self._finish(c, attempt_id, status, error, reward), expire=True)
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
@@ -550,7 +572,7 @@ class PostgresStore:
                 out = [found[r.id] for r in reqs]
         return q.unshared(out)
 
-    async def _claim(self, c: Conn, worker_id: str, n: int) -> list[Claim]:
+    async def _claim(self, c: Conn, worker_id: str, n: int, timeout_s: float | None) -> list[Claim]:
         cur = await c.execute(
             f"SELECT {_R_COLS} FROM rollouts WHERE status IN {_WAITING_SQL}"
             " ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED",
@@ -560,7 +582,7 @@ class PostgresStore:
         t = now()
         for row in await cur.fetchall():
             rollout = q.rollout_from_row(row)
-            claims.append(Claim(rollout=rollout, attempt=q.open_attempt(rollout, worker_id, t)))
+            claims.append(Claim(rollout=rollout, attempt=q.open_attempt(rollout, worker_id, t, timeout_s)))
         if claims:
             async with c.cursor() as many:
                 await many.executemany(_R_UPDATE, [q.rollout_update_params(cl.rollout) for cl in claims])
@@ -575,7 +597,8 @@ class PostgresStore:
         assert row is not None
         t = now()
         attempt.heartbeat_at = t
-        attempt.deadline = attempt_deadline(RolloutConfig.model_validate_json(row[0]), attempt.started_at, t)
+        config = RolloutConfig.model_validate_json(row[0])
+        attempt.deadline = attempt_deadline(config, attempt.started_at, t, attempt.timeout_s)
         await c.execute(
             "UPDATE attempts SET heartbeat_at = %s, deadline = %s WHERE id = %s", (t, attempt.deadline, attempt.id)
         )

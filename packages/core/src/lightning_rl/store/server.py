@@ -280,7 +280,7 @@ async def _enqueue(s: LightningStore, b: EnqueueBody, _: _Params) -> BaseModel:
 
 
 async def _claim(s: LightningStore, b: ClaimBody, _: _Params) -> BaseModel:
-    return ClaimList.model_construct(claims=await s.claim(b.worker_id, b.n))
+    return ClaimList.model_construct(claims=await s.claim(b.worker_id, b.n, timeout_s=b.timeout_s))
 
 
 async def _heartbeat(s: LightningStore, _b: None, p: _Params) -> BaseModel:

@@ -34,7 +34,14 @@ from typing import Any, Final, TypeVar
 
 from lightning_rl.errors import StoreUnavailableError
 from lightning_rl.store import _sql as q
-from lightning_rl.store.base import attempt_deadline, check_batch, check_page, expiry_reason, now
+from lightning_rl.store.base import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
+    attempt_deadline,
+    check_batch,
+    check_page,
+    expiry_reason,
+    now,
+)
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
     Attempt,
@@ -102,7 +109,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     deadline REAL,
     error TEXT,
     reward REAL,
-    span_count INTEGER NOT NULL DEFAULT 0
+    span_count INTEGER NOT NULL DEFAULT 0,
+    timeout_s REAL
 );
 CREATE INDEX IF NOT EXISTS attempts_rollout ON attempts (rollout_id, number);
 CREATE INDEX IF NOT EXISTS attempts_expiry ON attempts (deadline) WHERE status = 'running';
@@ -164,9 +172,9 @@ class SQLiteStore:
         reqs = [q.normalised(r) for r in requests]
         return await self._call(lambda c: self._enqueue(c, reqs))
 
-    async def claim(self, worker_id: str, n: int = 1) -> list[Claim]:
-        q.check_claim_args(worker_id, n)
-        return await self._call(lambda c: self._claim(c, worker_id, n))
+    async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
+        q.check_claim_args(worker_id, n, timeout_s)
+        return await self._call(lambda c: self._claim(c, worker_id, n, timeout_s))
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
         return await self._call(lambda c: self._heartbeat(c, attempt_id))
@@ -179,7 +187,7 @@ class SQLiteStore:
         error: str | None = None,
         reward: float | None = None,
     ) -> Rollout:
-        q.check_finish_status(status)
+        q.check_finish(status, reward)
         return await self._call(lambda c: self._finish(c, attempt_id, status, error, reward))
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
@@ -392,6 +400,7 @@ class SQLiteStore:
                     f"{SCHEMA_VERSION}; use a new file or the matching Lightning version."
                 )
             _run_script(conn, _SCHEMA)
+            _upgrade(conn)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
@@ -543,7 +552,7 @@ class SQLiteStore:
         c.executemany(f"INSERT INTO rollouts ({_R_COLS}) VALUES ({_marks(len(q.ROLLOUT_COLUMNS))})", fresh)
         return q.unshared(out)
 
-    def _claim(self, c: sqlite3.Connection, worker_id: str, n: int) -> list[Claim]:
+    def _claim(self, c: sqlite3.Connection, worker_id: str, n: int, timeout_s: float | None) -> list[Claim]:
         self._expire(c, now())
         rows = c.execute(
             f"SELECT {_R_COLS} FROM rollouts INDEXED BY rollouts_waiting"
@@ -554,7 +563,7 @@ class SQLiteStore:
         t = now()
         for row in rows:
             rollout = q.rollout_from_row(row)
-            attempt = q.open_attempt(rollout, worker_id, t)
+            attempt = q.open_attempt(rollout, worker_id, t, timeout_s)
             claims.append(Claim(rollout=rollout, attempt=attempt))
         c.executemany(
             "UPDATE rollouts SET status = ?, attempt_count = ?, updated_at = ?, ended_at = ?, final_reward = ?,"
@@ -576,7 +585,8 @@ class SQLiteStore:
         (config,) = c.execute("SELECT config FROM rollouts WHERE id = ?", (attempt.rollout_id,)).fetchone()
         t = now()
         attempt.heartbeat_at = t
-        attempt.deadline = attempt_deadline(RolloutConfig.model_validate_json(config), attempt.started_at, t)
+        config = RolloutConfig.model_validate_json(config)
+        attempt.deadline = attempt_deadline(config, attempt.started_at, t, attempt.timeout_s)
         c.execute("UPDATE attempts SET heartbeat_at = ?, deadline = ? WHERE id = ?", (t, attempt.deadline, attempt.id))
         return attempt
 
@@ -657,6 +667,18 @@ class SQLiteStore:
             q.end_attempt(rollout, attempt, AttemptStatus.TIMED_OUT, reason, message, None, now())
             self._save(c, rollout, attempt)
         return len(rows)
+
+
+def _upgrade(conn: sqlite3.Connection) -> None:
+    """Bring a file written by an older Lightning up to date (additive only, so older versions can
+    still open it): the ``timeout_s`` column, and a deadline for running attempts that had none."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(attempts)")}
+    if "timeout_s" not in columns:
+        conn.execute("ALTER TABLE attempts ADD COLUMN timeout_s REAL")
+    conn.execute(
+        "UPDATE attempts SET deadline = heartbeat_at + ? WHERE status = 'running' AND deadline IS NULL",
+        (DEFAULT_HEARTBEAT_TIMEOUT_S,),
+    )
 
 
 def _marks(n: int) -> str:
