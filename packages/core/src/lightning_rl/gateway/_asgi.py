@@ -119,4 +119,6 @@ def bearer_ok(headers: Iterable[tuple[bytes, bytes]], expected: bytes) -> bool:
         if key == b"authorization":
             given = value
             break
+    if given[:7].lower() == b"bearer ":  # the auth scheme is case-insensitive (RFC 7235)
+        given = b"Bearer " + given[7:]
     return hmac.compare_digest(given, expected)
