@@ -63,6 +63,7 @@ from lightning_rl.gateway.protocol import (
     validation_message,
 )
 from lightning_rl.gateway.recording import CallContext, CallInfo, Recorder
+from lightning_rl.gateway.validation import check_chat_request, check_completion_request, check_responses_request
 from lightning_rl.store.base import LightningStore
 from lightning_rl.store.writer import SpanWriter
 
@@ -299,6 +300,7 @@ class _Gateway:
         self.requests["chat.completions"] += 1
         try:
             body = _body(raw)
+            check_chat_request(body)
             req = _validate(ChatCompletionRequest, body)
             model = self._model(req.model, ctx)
             n = req.n or 1
@@ -388,6 +390,7 @@ class _Gateway:
         self.requests["completions"] += 1
         try:
             body = _body(raw)
+            check_completion_request(body)
             req = _validate(CompletionRequest, body)
             model = self._model(req.model, ctx)
             n = req.n or 1
@@ -438,6 +441,7 @@ class _Gateway:
         self.requests["responses"] += 1
         try:
             body = _body(raw)
+            check_responses_request(body)
             req = _validate(ResponsesRequest, body)
             model = self._model(req.model, ctx)
             max_tokens = self._limits(1, req.max_output_tokens, "max_output_tokens")

@@ -134,10 +134,23 @@ def validation_message(exc: ValidationError) -> tuple[str, str | None]:
     parts: list[str] = []
     param: str | None = None
     for err in exc.errors(include_url=False)[:5]:
-        loc = ".".join(str(x) for x in err["loc"])
+        loc = _param_path(err["loc"])
         param = param or (str(err["loc"][0]) if err["loc"] else None)
         parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
     return "invalid request: " + "; ".join(parts), param
+
+
+def _param_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as OpenAI writes a parameter: ``messages[0].content``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif out:
+            out += f".{part}"
+        else:
+            out = part
+    return out
 
 
 def new_call_id(prefix: str) -> str:
