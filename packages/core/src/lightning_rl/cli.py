@@ -20,6 +20,7 @@ _COMMAND_MODULES = (
     "lightning_rl.runner._cli",
     "lightning_rl.trainer._cli",
     "lightning_rl.plugins._cli",
+    "lightning_rl.dashboard._cli",
 )
 
 
