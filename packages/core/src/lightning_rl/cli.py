@@ -24,8 +24,21 @@ _COMMAND_MODULES = (
 )
 
 
+def _version() -> str:
+    """The installed distribution's version (what pip installed), else the package's own."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("lightning-rl")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        from lightning_rl import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lightning-rl", description="Train any AI agent with reinforcement learning.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:
@@ -45,8 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int | None] = args.handler
     try:
         return handler(args) or 0
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped (exit 0); anything else was interrupted
+        return 0 if args.command in ("gateway", "store") else 130
     except (ImportError, ValueError, PermissionError, OSError) as exc:
         print(f"lightning-rl: error: {exc}", file=sys.stderr)
         return 2

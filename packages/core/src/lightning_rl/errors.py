@@ -17,6 +17,7 @@ __all__ = [
     "UnauthorizedError",
     "StoreUnavailableError",
     "IncompatibleFrameworkError",
+    "MissingExtraError",
     "http_status",
     "error_from_status",
 ]
@@ -52,6 +53,10 @@ class StoreUnavailableError(LightningError, ConnectionError):
 
 class IncompatibleFrameworkError(LightningError, ImportError):
     """A plugin's agent framework is missing or outside the version range the plugin supports."""
+
+
+class MissingExtraError(LightningError, ImportError):
+    """An optional extra of ``lightning-rl`` is not installed; the message names the pip command."""
 
 
 _STATUS: dict[type[LightningError], int] = {

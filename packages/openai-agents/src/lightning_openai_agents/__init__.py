@@ -40,7 +40,16 @@ def __getattr__(name: str) -> Any:
     # The processor imports the SDK: load it on first use, so this package imports (and reports a
     # missing or unsupported SDK through instrument()) without it.
     if name == "LightningTracingProcessor":
-        from lightning_openai_agents._processor import LightningTracingProcessor
+        from lightning_rl.errors import IncompatibleFrameworkError
+        from lightning_rl.extras import extra_import
+
+        with extra_import(
+            OpenAIAgentsInstrumentor.install_hint,
+            "LightningTracingProcessor needs the OpenAI Agents SDK",
+            ("agents",),
+            IncompatibleFrameworkError,
+        ):
+            from lightning_openai_agents._processor import LightningTracingProcessor
 
         return LightningTracingProcessor
     raise AttributeError(f"module 'lightning_openai_agents' has no attribute {name!r}")

@@ -51,8 +51,11 @@ def register(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from lightning_rl.extras import require_extra
     from lightning_rl.store._cli import is_loopback
 
+    # Before anything is imported: a missing extra is one line naming the pip command.
+    require_extra("server", *(["train"] if args.model else []), feature="lightning-rl gateway serve")
     token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
     if not is_loopback(args.host) and not token:
         raise PermissionError(

@@ -21,4 +21,9 @@ _WHERE = {"Trainer": "loop", "TrainResult": "loop", "TrainerConfig": "config"}
 def __getattr__(name: str) -> object:
     if name not in _WHERE:
         raise AttributeError(f"module 'lightning_rl.trainer' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"lightning_rl.trainer.{_WHERE[name]}"), name)
+    from lightning_rl.extras import CORE_EXTRAS, extra_import, install_command
+
+    # On an agent-side install (no torch) say which extra to install, not "No module named 'torch'".
+    modules = CORE_EXTRAS["train"] + CORE_EXTRAS["server"]
+    with extra_import(install_command(["train"]), f"{name} needs the train extra", modules):
+        return getattr(importlib.import_module(f"lightning_rl.trainer.{_WHERE[name]}"), name)

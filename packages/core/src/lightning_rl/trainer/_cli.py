@@ -33,6 +33,9 @@ def register(subparsers: Any) -> None:
 def _demo(args: argparse.Namespace) -> int:
     import logging
 
+    from lightning_rl.extras import require_extra
+
+    require_extra("server", "train", feature="lightning-rl demo")  # one line naming the pip command
     from lightning_rl.demo.run import DemoConfig, print_summary, run_demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
