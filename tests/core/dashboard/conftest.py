@@ -3,7 +3,15 @@ dashboard tests: built once per session, read-only afterwards."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import queue
+import shutil
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +51,49 @@ def train_small_run(run_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_small_run(tmp_path_factory.mktemp("dashboard") / "run")
+
+
+def find_chromium() -> str:
+    """Debian's chromium (``.ci/run`` installs it); fails under CI when missing, skips elsewhere."""
+    path = os.environ.get("LIGHTNING_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if path:
+        return path
+    message = "no chromium executable: apt-get install -y chromium (or set LIGHTNING_CHROMIUM)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    pytest.importorskip("playwright")
+    return find_chromium()
+
+
+@contextlib.contextmanager
+def dashboard_in_thread(store_url: str, **kwargs: Any) -> Iterator[str]:
+    """Serve the dashboard on loopback from a thread (the browser tests are synchronous); yield its URL."""
+    from lightning_rl.dashboard.serve import running_dashboard
+
+    ready: queue.Queue[str | BaseException] = queue.Queue()
+    stop = threading.Event()
+
+    async def main() -> None:
+        try:
+            async with running_dashboard(store_url, poll_s=0.5, **kwargs) as url:
+                ready.put(url)
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+        except BaseException as exc:  # hand it to the test instead of dying silently in the thread
+            ready.put(exc)
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+    thread.start()
+    got = ready.get(timeout=60)
+    if isinstance(got, BaseException):
+        raise got
+    try:
+        yield got
+    finally:
+        stop.set()
+        thread.join(timeout=30)

@@ -176,7 +176,7 @@ function callCard(c, i) {
 
 function transitionCard(t) {
   if (!t) return el("div", { class: "card transition muted" }, "no transition");
-  return el("div", { class: "card transition " + (t.trainable ? "trainable" : "frozen"), "data-testid": "transition", "data-span": t.span_id },
+  return el("div", { class: "card transition " + (t.trainable ? "trainable" : "frozen"), "data-testid": t.trainable ? "transition" : "frozen-call", "data-span": t.span_id },
     el("div", { class: "card-head" }, el("b", {}, t.trainable ? `transition ${t.step_index}` : "not trained"),
       t.trainable ? el("span", { class: "ok" }, " trainable") : el("span", { class: "muted" }, " role frozen: dropped by the adapter")),
     kv([
@@ -243,7 +243,7 @@ async function renderRollout(id) {
     ]),
     el("details", { open: true }, el("summary", {}, "task input"), el("pre", {}, JSON.stringify(r.task.input, null, 2))),
     creditSummary(d.credit),
-    attempts.length ? attempts : el("p", { class: "muted" }, "No attempt yet (queued)."),
+    ...(attempts.length ? attempts : [el("p", { class: "muted" }, "No attempt yet (queued).")]),
   );
   if (!["succeeded", "failed", "timed_out", "cancelled"].includes(r.status)) setTimer(() => renderRollout(id).catch(showError));
 }
@@ -252,7 +252,7 @@ async function renderRollout(id) {
 // Training curves
 // ---------------------------------------------------------------------------------------------
 function chart(series) {
-  const W = 420, H = 180, P = 36;
+  const W = 420, H = 180, P = 52;
   const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": series.title });
   const pts = series.points;
   if (!pts.length) {
@@ -271,11 +271,11 @@ function chart(series) {
   svg.appendChild(svgEl("line", { x1: P, y1: 12, x2: P, y2: H - 22, class: "axis" }));
   for (const [v, y] of [[y1, sy(y1)], [y0, sy(y0)]]) {
     const t = svgEl("text", { x: P - 4, y: y + 4, "text-anchor": "end", class: "tick" });
-    t.textContent = Number(v).toPrecision(3);
+    t.textContent = Math.abs(v) >= 1000 || (Math.abs(v) < 0.01 && v !== 0) ? Number(v).toExponential(2) : Number(v).toPrecision(3);
     svg.appendChild(t);
   }
-  for (const [v, x] of [[x0, sx(x0)], [x1, sx(x1)]]) {
-    const t = svgEl("text", { x, y: H - 6, "text-anchor": "middle", class: "tick" });
+  for (const [v, x, anchor] of [[x0, sx(x0), "start"], [x1, sx(x1), "end"]]) {
+    const t = svgEl("text", { x, y: H - 6, "text-anchor": anchor, class: "tick" });
     t.textContent = "step " + v;
     svg.appendChild(t);
   }
