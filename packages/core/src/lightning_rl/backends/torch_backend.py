@@ -204,6 +204,30 @@ class TorchBackend:
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | Path,
+        config: TorchBackendConfig | None = None,
+        *,
+        publisher: Publisher | None = None,
+        version: int = 1,
+    ) -> TorchBackend:
+        """Load ``model`` with ``AutoModelForCausalLM`` and wrap it; the pad id comes from its tokenizer.
+
+        ``model`` is anything ``lightning_rl.engine.models.resolve_model`` accepts: an HF folder or Hub
+        id, ``tiny``, ``smollm2-135m`` or a ``.gguf`` file (converted once to a cached folder).
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from lightning_rl.engine.models import resolve_model
+
+        path = resolve_model(model)
+        tokenizer: Any = AutoTokenizer.from_pretrained(path)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        policy: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return cls(policy, config, pad_token_id=int(pad or 0), publisher=publisher, version=version)
+
     # --- forward ------------------------------------------------------------------------------
     def _response_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         """Flat logprobs of every response token of the micro-batch, in row order, float32."""

@@ -17,6 +17,7 @@ from lightning_rl.engine.base import (
     StreamDelta,
 )
 from lightning_rl.engine.logprobs import sampled_logprobs, sampling_logprobs
+from lightning_rl.engine.models import SHORT_NAMES, resolve_model, served_model_name
 from lightning_rl.engine.tiny import TinyModelConfig, build_tiny_model, default_tiny_model
 from lightning_rl.engine.toolcalls import new_tool_call_id, parse_tool_calls
 
@@ -40,6 +41,10 @@ __all__ = [
     # tool calls
     "parse_tool_calls",
     "new_tool_call_id",
+    # model names: tiny, smollm2-135m, .gguf files, HF folders and Hub ids
+    "resolve_model",
+    "served_model_name",
+    "SHORT_NAMES",
     # the tiny-model kit
     "TinyModelConfig",
     "build_tiny_model",

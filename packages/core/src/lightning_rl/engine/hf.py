@@ -198,18 +198,24 @@ class TransformersEngine:
         """Load a causal LM and its tokenizer the standard way (``AutoModelForCausalLM`` / ``AutoTokenizer``).
 
         Args:
-            path_or_name: an HF folder (e.g. from ``lightning_rl.engine.tiny``) or a Hub model name.
+            path_or_name: an HF folder or a Hub model name; or what ``lightning_rl.engine.models.resolve_model``
+                resolves: ``tiny``, ``smollm2-135m``, a ``.gguf`` file (converted once to a cached folder).
             device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
             dtype: weights dtype; default float32 on CPU and bfloat16 on CUDA. Logprobs are always
                 computed in float32.
             max_batch_size: most sequences decoded together.
             max_context: most prompt + completion tokens; default the model's ``max_position_embeddings``.
-            model_name: the name the engine serves under; default the folder's name.
+            model_name: the name the engine serves under; default the short name, the GGUF file's stem or
+                the folder's name.
             batch_wait_s: how long an idle engine waits for concurrent arrivals before its first prefill.
             attn_implementation: passed to ``from_pretrained`` (``"sdpa"``, ``"eager"`` …).
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from lightning_rl.engine.models import resolve_model, served_model_name
+
+        name = model_name or served_model_name(path_or_name)
+        path_or_name = resolve_model(path_or_name)
         torch_device = torch.device(device)
         if torch_device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidRequestError("device='cuda' was requested but torch sees no CUDA device; use device='cpu'")
@@ -222,7 +228,7 @@ class TransformersEngine:
         return cls(
             model,
             tokenizer,
-            model_name=model_name or Path(str(path_or_name)).name,
+            model_name=name,
             max_batch_size=max_batch_size,
             max_context=max_context,
             batch_wait_s=batch_wait_s,

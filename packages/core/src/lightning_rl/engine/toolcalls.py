@@ -10,6 +10,9 @@ The syntax is the Qwen/Hermes one the tiny model's chat template teaches::
     optional text<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>
 
 Whitespace (including newlines) around the JSON inside the tags is allowed, as real Qwen models emit it.
+A block may also hold a JSON list of such objects, the form SmolLM2-Instruct was trained to emit
+(``<tool_call>[{"name": "f", "arguments": {}}]</tool_call>``, see ``lightning_rl.engine.smollm2``);
+an empty list means "no call".
 """
 
 from __future__ import annotations
@@ -31,9 +34,17 @@ def new_tool_call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
 
-def _parse_one(body: str) -> ParsedToolCall:
-    """One call from the text between the tags; raises ``ValueError`` saying what is wrong."""
+def _parse_block(body: str) -> list[ParsedToolCall]:
+    """The calls of the text between the tags (an object, or a list of objects); raises ``ValueError``
+    saying what is wrong."""
     payload = json.loads(body)  # json.JSONDecodeError is a ValueError
+    if isinstance(payload, list):
+        return [_parse_one(item) for item in cast(list[Any], payload)]
+    return [_parse_one(payload)]
+
+
+def _parse_one(payload: Any) -> ParsedToolCall:
+    """One call from its decoded JSON; raises ``ValueError`` saying what is wrong."""
     if not isinstance(payload, dict):
         raise ValueError(f"a tool call must be a JSON object, got {type(payload).__name__}")
     call = cast(dict[str, Any], payload)
@@ -67,12 +78,15 @@ def parse_tool_calls(text: str, open_tag: str = TOOL_CALL_OPEN, close_tag: str =
         if end == -1:
             return ParsedMessage(content=text, tool_calls=[], parse_error=f"unclosed {open_tag} (no {close_tag})")
         try:
-            calls.append(_parse_one(text[body_start:end].strip()))
+            calls.extend(_parse_block(text[body_start:end].strip()))
         except ValueError as exc:
             return ParsedMessage(content=text, tool_calls=[], parse_error=f"invalid tool call #{len(calls) + 1}: {exc}")
         position = end + len(close_tag)
     outside.append(text[position:])
     if not calls:
-        return ParsedMessage(content=text, tool_calls=[])
+        if position == 0:  # no block at all
+            return ParsedMessage(content=text, tool_calls=[])
+        content = "".join(outside).strip()  # only empty lists: "no call", the text around them is the answer
+        return ParsedMessage(content=content or None, tool_calls=[])
     content = "".join(outside).strip()
     return ParsedMessage(content=content or None, tool_calls=calls)

@@ -54,12 +54,11 @@ class Services:
 
 
 def resolve_model(model: str, cache_dir: Path | None = None) -> Path:
-    """``tiny`` -> the locally built tiny model (cached); anything else is an HF folder or hub name."""
-    if model == "tiny":
-        from lightning_rl.engine.tiny import default_tiny_model
+    """``tiny``, ``smollm2-135m``, a ``.gguf`` file, an HF folder or hub name -> what ``from_pretrained``
+    loads (see ``lightning_rl.engine.models.resolve_model``)."""
+    from lightning_rl.engine.models import resolve_model as resolve
 
-        return default_tiny_model(cache_dir)
-    return Path(model)
+    return resolve(model, cache_dir)
 
 
 @contextlib.asynccontextmanager
@@ -107,6 +106,7 @@ async def start_services(config: TrainerConfig, agent: AgentFn | None) -> AsyncG
     from transformers import AutoModelForCausalLM
 
     from lightning_rl.engine.hf import TransformersEngine
+    from lightning_rl.engine.models import served_model_name
     from lightning_rl.gateway import create_gateway_app
     from lightning_rl.store.sqlite import SQLiteStore
 
@@ -115,7 +115,10 @@ async def start_services(config: TrainerConfig, agent: AgentFn | None) -> AsyncG
     torch.manual_seed(config.seed)
     store = SQLiteStore(run_dir / "store.sqlite")
     engine = TransformersEngine.from_pretrained(
-        model_path, device=config.device, max_batch_size=config.concurrency or config.engine_batch_size
+        model_path,
+        device=config.device,
+        max_batch_size=config.concurrency or config.engine_batch_size,
+        model_name=served_model_name(config.model),
     )
     policy = AutoModelForCausalLM.from_pretrained(model_path)
 
