@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lightning_rl.runner.worker import Runner, RunnerStats, default_worker_id
+    from lightning_rl.runner.worker import AgentBlockedError, Runner, RunnerStats, default_worker_id
 
-__all__ = ["Runner", "RunnerStats", "default_worker_id"]
+__all__ = ["Runner", "RunnerStats", "AgentBlockedError", "default_worker_id"]
 
 
 def __getattr__(name: str) -> object:

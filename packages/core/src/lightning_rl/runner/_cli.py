@@ -32,9 +32,27 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="rollouts run at once per worker (default 4)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding the bearer token of an HTTP store (default: $LIGHTNING_STORE_TOKEN_FILE, "
+        "else $LIGHTNING_STORE_TOKEN; the old $LIGHTNING_TOKEN still works)",
+    )
+    parser.add_argument(
         "--token",
         default=None,
-        help="bearer token of an HTTP store (default: the LIGHTNING_TOKEN environment variable)",
+        help="the store's bearer token itself (visible in the process list: prefer --token-file or the variable)",
+    )
+    parser.add_argument(
+        "--redact-errors",
+        action="store_true",
+        help="replace what looks like keys, tokens or passwords in agent errors before storing them",
+    )
+    parser.add_argument(
+        "--block-timeout",
+        type=float,
+        default=10.0,
+        help="seconds an async agent may block the event loop (e.g. time.sleep) before the watchdog interrupts it "
+        "with an error naming it; 0 disables the watchdog (default 10)",
     )
     parser.add_argument("--worker-id", default=None, help="worker name in the store (default host-pid-xxxx)")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between claims when idle")

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,7 +30,17 @@ __all__ = ["main"]
 
 _log = logging.getLogger("lightning_rl.runner")
 
-TOKEN_ENV = "LIGHTNING_TOKEN"
+_FORCED_EXIT_GRACE_S = 1.0
+"""After a second SIGINT/SIGTERM, how long the worker may take to cancel its rollouts before it is
+ended with ``os._exit`` (an agent blocking the loop would otherwise keep it alive)."""
+
+
+def _store_token(args: argparse.Namespace) -> str | None:
+    from lightning_rl.credentials import DEPRECATED_STORE_TOKEN_ENVS, STORE_TOKEN_ENV, resolve_token
+
+    return resolve_token(
+        STORE_TOKEN_ENV, flag=args.token, flag_file=args.token_file, deprecated_envs=DEPRECATED_STORE_TOKEN_ENVS
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -65,24 +76,25 @@ async def _worker(args: argparse.Namespace, agent: AgentFn) -> int:
     from lightning_rl.runner.worker import Runner
     from lightning_rl.store import open_store
 
-    token = args.token or os.environ.get(TOKEN_ENV)
-    store = await open_store(args.store, token=token)
+    store = await open_store(args.store, token=_store_token(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
 
-    def on_signal(signum: int) -> None:
-        if stop.is_set() and main_task is not None:
-            _log.warning(
-                "second %s: stopping now; running attempts will be timed out by the store", signal.Signals(signum).name
-            )
-            main_task.cancel()
+    def on_signal(signum: int, _frame: object) -> None:
+        # A plain signal handler, not loop.add_signal_handler: it runs even while an agent blocks
+        # the event loop, so a second Ctrl-C always ends the process as documented.
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            _log.warning("second %s: stopping now; running attempts will be timed out by the store", name)
+            if main_task is not None:
+                loop.call_soon_threadsafe(main_task.cancel)
+            _exit_later(130, _FORCED_EXIT_GRACE_S)
             return
-        _log.info("%s: finishing running rollouts, claiming no more", signal.Signals(signum).name)
-        stop.set()
+        _log.info("%s: finishing running rollouts, claiming no more", name)
+        loop.call_soon_threadsafe(stop.set)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     watcher = asyncio.create_task(_watch_supervisor(args.supervisor_pid, stop)) if args.supervisor_pid else None
     runner = Runner(
         store,
@@ -92,6 +104,8 @@ async def _worker(args: argparse.Namespace, agent: AgentFn) -> int:
         poll_interval_s=args.poll_interval,
         heartbeat_interval_s=args.heartbeat_interval,
         default_timeout_s=args.timeout,
+        block_timeout_s=args.block_timeout or None,
+        redact_errors=args.redact_errors,
     )
     code = 0
     try:
@@ -99,12 +113,27 @@ async def _worker(args: argparse.Namespace, agent: AgentFn) -> int:
     except asyncio.CancelledError:
         code = 130
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if watcher is not None:
             watcher.cancel()
         with contextlib.suppress(Exception):
             await store.close()
     print(json.dumps({"worker_id": runner.worker_id, **runner.stats.as_dict()}), flush=True)
     return code
+
+
+def _exit_later(code: int, after_s: float) -> None:
+    """End the process with ``code`` after ``after_s`` unless it has exited by then."""
+
+    def later() -> None:
+        time.sleep(after_s)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    threading.Thread(target=later, name="lightning-runner-exit", daemon=True).start()
 
 
 async def _watch_supervisor(supervisor_pid: int, stop: asyncio.Event) -> None:
@@ -160,16 +189,21 @@ def _child_argv(args: argparse.Namespace, index: int) -> list[str]:
         argv += ["--timeout", str(args.timeout)]
     if args.until_idle:
         argv.append("--until-idle")
+    if args.redact_errors:
+        argv.append("--redact-errors")
+    argv += ["--block-timeout", str(args.block_timeout)]
     if args.otel:
         argv.append("--otel")
     return argv
 
 
 def _spawn(args: argparse.Namespace, index: int) -> subprocess.Popen[bytes]:
+    from lightning_rl.credentials import STORE_TOKEN_ENV
+
     env = dict(os.environ)
-    token = args.token or env.get(TOKEN_ENV)
+    token = _store_token(args)
     if token:
-        env[TOKEN_ENV] = token  # through the environment, not argv: argv is visible to every local user
+        env[STORE_TOKEN_ENV] = token  # through the environment, not argv: argv is visible to every local user
     return subprocess.Popen(_child_argv(args, index), env=env, start_new_session=True)
 
 

@@ -10,6 +10,10 @@ Failure handling, which is the point of this module:
 
 * An agent that raises ends its attempt ``failed`` with the last lines of the traceback.
 * An ``async`` agent past its timeout is cancelled and its attempt ends ``timed_out``.
+* An ``async`` agent that blocks the event loop (``time.sleep``, a blocking client) would freeze
+  every other rollout of the runner; a watchdog thread interrupts it after ``block_timeout_s`` with
+  ``AgentBlockedError`` naming the agent and the blocking line, so only its own attempt fails
+  (see ``lightning_rl.runner._watchdog``).
 * A *sync* agent runs in its own daemon thread (with the rollout context copied in). Python cannot
   kill a thread, so a sync agent past its timeout is **abandoned**: the attempt ends ``timed_out``,
   the thread runs on until it returns by itself (its result is ignored) and is counted in
@@ -45,14 +49,16 @@ from typing import Any
 
 from lightning_rl import semconv
 from lightning_rl.agent import LLM, AgentFn, is_async_agent
+from lightning_rl.credentials import redact
 from lightning_rl.errors import IllegalTransitionError, NotFoundError, StoreUnavailableError
+from lightning_rl.runner._watchdog import AgentBlockedError, AgentFrame, LoopWatchdog
 from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, LightningStore
 from lightning_rl.store.writer import SpanWriter
 from lightning_rl.tracing import RolloutContext, emit_span, rollout_context, span
 from lightning_rl.tracing._tracer import as_reward
 from lightning_rl.types import AttemptStatus, Claim, Resources, Rollout
 
-__all__ = ["Runner", "RunnerStats", "default_worker_id"]
+__all__ = ["Runner", "RunnerStats", "AgentBlockedError", "default_worker_id"]
 
 _log = logging.getLogger("lightning_rl.runner")
 
@@ -153,6 +159,12 @@ class Runner:
         span_writer: Where spans go; by default the runner creates a ``SpanWriter`` on the store and
             closes it when ``run`` returns. A writer passed in is flushed but not closed.
         flush_timeout_s: How long to wait for an attempt's spans to reach the store before reporting it.
+        block_timeout_s: How long an async agent may block the event loop before the watchdog
+            interrupts it with ``AgentBlockedError`` (None: no watchdog). Must stay well under the
+            heartbeat timeout, or the runner's other attempts are declared lost meanwhile.
+        redact_errors: Replace what looks like keys, tokens or passwords in the error text stored
+            for a failed attempt: True for ``lightning_rl.credentials.DEFAULT_SECRET_PATTERN``, or
+            a regular expression of your own.
     """
 
     def __init__(
@@ -167,6 +179,8 @@ class Runner:
         default_timeout_s: float | None = None,
         span_writer: SpanWriter | None = None,
         flush_timeout_s: float = 10.0,
+        block_timeout_s: float | None = 10.0,
+        redact_errors: bool | str = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}.")
@@ -174,6 +188,8 @@ class Runner:
             raise ValueError("poll_interval_s and heartbeat_interval_s must be positive.")
         if default_timeout_s is not None and default_timeout_s <= 0:
             raise ValueError(f"default_timeout_s must be positive or None, got {default_timeout_s}.")
+        if block_timeout_s is not None and block_timeout_s <= 0:
+            raise ValueError(f"block_timeout_s must be positive or None, got {block_timeout_s}.")
         if not callable(agent):
             raise TypeError(f"agent must be callable as agent(task, llm), got {type(agent).__name__}.")
         self.store = store
@@ -184,7 +200,10 @@ class Runner:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.default_timeout_s = default_timeout_s
         self.flush_timeout_s = flush_timeout_s
+        self.block_timeout_s = block_timeout_s
+        self.redact_errors = redact_errors
         self.stats = RunnerStats()
+        self._watchdog: LoopWatchdog | None = None
         self._writer = span_writer
         self._owns_writer = span_writer is None
         self._is_async = is_async_agent(agent)
@@ -203,6 +222,9 @@ class Runner:
         writer = self._writer = self._writer or SpanWriter(self.store)
         active: set[asyncio.Task[None]] = set()
         _log.info("runner %s started (concurrency %d)", self.worker_id, self.concurrency)
+        if self._is_async and self.block_timeout_s is not None and self._watchdog is None:
+            self._watchdog = LoopWatchdog(asyncio.get_running_loop(), self.block_timeout_s)
+            self._watchdog.start()
         try:
             while not stop.is_set():
                 claims = await self._claim(self.concurrency - len(active))
@@ -224,6 +246,9 @@ class Runner:
             await asyncio.gather(*active, return_exceptions=True)
             raise
         finally:
+            if self._watchdog is not None:
+                self._watchdog.stop()
+                self._watchdog = None
             self.stats.abandoned_threads = sum(t.is_alive() for t in self._threads)
             if self._owns_writer:
                 await writer.close(self.flush_timeout_s)
@@ -329,7 +354,7 @@ class Runner:
                 semconv.SPAN_ROLLOUT, **{semconv.ROLLOUT_ID: ctx.rollout_id, semconv.ATTEMPT_ID: ctx.attempt_id}
             ) as root,
         ):
-            future, thread = self._start_agent(rollout.task.input, llm, f"lightning-agent-{rollout.id}")
+            future, thread = self._start_agent(rollout.task.input, llm, rollout.id, ctx.attempt_id)
             lost = asyncio.Event()
             beat = asyncio.create_task(self._heartbeat(ctx.attempt_id, rollout, future, lost))
             try:
@@ -387,12 +412,21 @@ class Runner:
         else:
             self.stats.lost += 1
 
-    def _start_agent(self, task_input: Any, llm: LLM, name: str) -> tuple[asyncio.Future[Any], threading.Thread | None]:
+    def _start_agent(
+        self, task_input: Any, llm: LLM, rollout_id: str, attempt_id: str
+    ) -> tuple[asyncio.Future[Any], threading.Thread | None]:
         """Start the agent in the current (rollout) context: a task for async agents, a thread for sync ones."""
+        name = f"lightning-agent-{rollout_id}"
         if self._is_async:
             try:
                 coro: Any = self.agent(task_input, llm)
-                return asyncio.ensure_future(coro), None
+                future = asyncio.ensure_future(coro)
+                watchdog = self._watchdog
+                if watchdog is not None:
+                    agent_name = getattr(self.agent, "__qualname__", type(self.agent).__qualname__)
+                    key = watchdog.watch(coro, AgentFrame(agent_name, rollout_id, attempt_id))
+                    future.add_done_callback(lambda _f: watchdog.forget(key))  # pyright: ignore[reportUnknownLambdaType]
+                return future, None
             except Exception as exc:  # e.g. a wrong signature: the attempt fails, the runner goes on
                 failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 failed.set_exception(exc)
@@ -439,17 +473,21 @@ class Runner:
 
     async def _report(self, attempt_id: str, outcome: _Outcome) -> None:
         """Tell the store how the attempt ended; a refusal because it already ended it is only logged."""
-        if outcome.status is None:
+        status = outcome.status
+        if status is None:
             return
+        if self.redact_errors and outcome.error is not None:
+            pattern = None if self.redact_errors is True else self.redact_errors
+            outcome = _Outcome(status, outcome.reward, redact(outcome.error, pattern or None))
         delay = 0.2
         last: Exception | None = None
         for tries_left in range(3, 0, -1):
             try:
-                await self.store.finish_attempt(attempt_id, outcome.status, error=outcome.error, reward=outcome.reward)
+                await self.store.finish_attempt(attempt_id, status, error=outcome.error, reward=outcome.reward)
                 return
             except (IllegalTransitionError, NotFoundError) as exc:
                 self.stats.rejected += 1
-                _log.info("store refused to end attempt %s as %s: %s", attempt_id, outcome.status.value, exc)
+                _log.info("store refused to end attempt %s as %s: %s", attempt_id, status.value, exc)
                 return
             except (StoreUnavailableError, ConnectionError, OSError, TimeoutError) as exc:
                 last = exc
@@ -464,6 +502,6 @@ class Runner:
         _log.error(
             "could not report attempt %s as %s (%s); the store will time it out through its heartbeat rule",
             attempt_id,
-            outcome.status.value,
+            status.value,
             last,
         )

@@ -17,6 +17,7 @@ from typing import Any
 __all__ = ["register", "is_loopback", "TOKEN_ENV"]
 
 TOKEN_ENV = "LIGHTNING_STORE_TOKEN"
+"""The store token's variable (``lightning_rl.credentials.STORE_TOKEN_ENV``; kept light to import)."""
 
 
 def register(subparsers: Any) -> None:
@@ -40,9 +41,14 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="Address to bind; anything but loopback needs --token.")
     serve.add_argument("--port", type=int, default=4747, help="Port to bind (0 picks a free one).")
     serve.add_argument(
+        "--token-file",
+        default=None,
+        help=f"File holding the bearer token every request must carry (default: ${TOKEN_ENV}_FILE, else ${TOKEN_ENV}).",
+    )
+    serve.add_argument(
         "--token",
         default=None,
-        help=f"Bearer token every request must carry (default: ${TOKEN_ENV}).",
+        help="The bearer token itself (visible in the process list: prefer --token-file or the variable).",
     )
     serve.set_defaults(handler=_serve)
 
@@ -58,11 +64,13 @@ def is_loopback(host: str) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
+    from lightning_rl.credentials import resolve_token
+
+    token = resolve_token(TOKEN_ENV, flag=args.token, flag_file=args.token_file)
     if not is_loopback(args.host) and not token:
         raise PermissionError(
             f"refusing to serve the store on {args.host} without a token: anyone who can reach it could read and "
-            f"write your rollouts. Pass --token SECRET (or set {TOKEN_ENV}), or bind 127.0.0.1."
+            f"write your rollouts. Set {TOKEN_ENV} (or pass --token-file PATH), or bind 127.0.0.1."
         )
     if args.backend == "postgres" and not args.dsn:
         raise ValueError("--backend postgres needs --dsn postgresql://user@host:port/database.")

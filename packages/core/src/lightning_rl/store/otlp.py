@@ -47,6 +47,7 @@ __all__ = [
     "ingest",
     "PROTOBUF",
     "JSON",
+    "MAX_VALUE_DEPTH",
 ]
 
 PROTOBUF = "application/x-protobuf"
@@ -217,11 +218,19 @@ def _convert_span(s: OtlpSpan, resource_attrs: dict[str, Any], result: IngestRes
         return None
 
 
-def _attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in kvs}
+MAX_VALUE_DEPTH = 32
+"""Deepest nesting of an attribute value (arrays / key-value lists) accepted from OTLP."""
 
 
-def _value(v: AnyValue) -> Any:
+def _attributes(kvs: Iterable[KeyValue], depth: int = 0) -> dict[str, Any]:
+    return {kv.key: _value(kv.value, depth) for kv in kvs}
+
+
+def _value(v: AnyValue, depth: int = 0) -> Any:
+    if depth > MAX_VALUE_DEPTH:
+        raise InvalidRequestError(
+            f"an OTLP attribute value is nested more than {MAX_VALUE_DEPTH} levels deep; flatten it."
+        )
     which = v.WhichOneof("value")
     if which == "string_value":
         return v.string_value
@@ -232,9 +241,9 @@ def _value(v: AnyValue) -> Any:
     if which == "double_value":
         return v.double_value
     if which == "array_value":
-        return [_value(x) for x in v.array_value.values]
+        return [_value(x, depth + 1) for x in v.array_value.values]
     if which == "kvlist_value":
-        return _attributes(v.kvlist_value.values)
+        return _attributes(v.kvlist_value.values, depth + 1)
     if which == "bytes_value":
         return base64.b64encode(v.bytes_value).decode()
     return None
@@ -281,9 +290,14 @@ async def ingest(
     max_bytes: int = 64 << 20,
 ) -> tuple[bytes, str]:
     """Handle one ``POST /v1/traces`` body; return the response body and its media type."""
-    request = decode_request(body, content_type, content_encoding, max_bytes)
-    media = JSON if content_type.split(";", 1)[0].strip().lower() == JSON else PROTOBUF
-    result = IngestResult()
-    spans = convert_request(request, result)
+    try:
+        request = decode_request(body, content_type, content_encoding, max_bytes)
+        media = JSON if content_type.split(";", 1)[0].strip().lower() == JSON else PROTOBUF
+        result = IngestResult()
+        spans = convert_request(request, result)
+    except RecursionError:  # json.loads / ParseDict on arrays or objects nested thousands deep
+        raise InvalidRequestError(
+            f"OTLP body is nested too deeply; keep attribute values under {MAX_VALUE_DEPTH} levels of nesting."
+        ) from None
     await store_spans(store, spans, result)
     return encode_response(result, media), media

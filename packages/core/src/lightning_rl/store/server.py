@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import signal
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
@@ -37,6 +36,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightning_rl._serving import http_protocol
+from lightning_rl.credentials import bearer_matches
 from lightning_rl.errors import InvalidRequestError, LightningError, http_status
 from lightning_rl.store import otlp
 from lightning_rl.store.base import LightningStore
@@ -165,11 +165,12 @@ async def _send_json(
 
 
 class _BearerAuth:
-    """Pure ASGI middleware: 401 unless ``Authorization: Bearer <token>`` matches (constant time)."""
+    """Pure ASGI middleware: 401 unless ``Authorization: Bearer <token>`` matches (the scheme in any
+    case, the token in constant time)."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._token = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -178,7 +179,7 @@ class _BearerAuth:
                 if key == b"authorization":
                     given = value
                     break
-            if not hmac.compare_digest(given, self._expected):
+            if not bearer_matches(given, self._token):
                 message = (
                     "wrong bearer token; pass the server's --token to the client."
                     if given
@@ -193,15 +194,27 @@ class _BearerAuth:
 
 
 class _Route:
-    """One protocol method: how to parse its body and which store call answers it."""
+    """One protocol method: how to parse its body and which store call answers it.
 
-    __slots__ = ("method", "body_model", "field", "fn")
+    ``on_stop`` answers a long poll that is still waiting when the server stops: the request ends
+    with a normal answer (what is true right now) instead of being cut off by the shutdown.
+    """
 
-    def __init__(self, method: str, body_model: type[BaseModel] | None, field: str, fn: _Handler) -> None:
+    __slots__ = ("method", "body_model", "field", "fn", "on_stop")
+
+    def __init__(
+        self,
+        method: str,
+        body_model: type[BaseModel] | None,
+        field: str,
+        fn: _Handler,
+        on_stop: _Handler | None = None,
+    ) -> None:
         self.method = method
         self.body_model = body_model
         self.field = field
         self.fn = fn
+        self.on_stop = on_stop
 
 
 class _StoreRoutes:
@@ -212,10 +225,13 @@ class _StoreRoutes:
     (claim, add spans, finish).
     """
 
-    def __init__(self, app: ASGIApp, store: LightningStore, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, store: LightningStore, max_body_bytes: int, stopping: asyncio.Event | None = None
+    ) -> None:
         self.app = app
         self.store = store
         self.max_body_bytes = max_body_bytes
+        self.stopping = stopping or asyncio.Event()
         self.static: dict[str, list[_Route]] = {}
         self.by_id: dict[tuple[str, str], list[_Route]] = {}  # ("attempts", "finish") -> routes
         for path, route in _ROUTES:
@@ -257,7 +273,10 @@ class _StoreRoutes:
             if route.body_model is not None:
                 raw = await _read_asgi_body(scope, receive, self.max_body_bytes, route.field)
                 body = route.body_model.model_validate_json(raw)
-            result = await route.fn(self.store, body, params)
+            if route.on_stop is None:
+                result = await route.fn(self.store, body, params)
+            else:
+                result = await self._long_poll(route, body, params)
         except ValidationError as exc:
             return 400, error_body("InvalidRequestError", _describe(exc))
         except _TooLarge as exc:
@@ -270,6 +289,25 @@ class _StoreRoutes:
             logger.exception("store server: %s %s failed", scope["method"], scope["path"])
             return 500, error_body("InternalError", f"{scope['method']} {scope['path']} failed; see the server log.")
         return 200, result if isinstance(result, bytes) else result.model_dump_json().encode()
+
+    async def _long_poll(self, route: _Route, body: Any, params: _Params) -> BaseModel | bytes:
+        """``route.fn``, or ``route.on_stop``'s answer if the server starts stopping meanwhile."""
+        assert route.on_stop is not None
+        if self.stopping.is_set():
+            return await route.on_stop(self.store, body, params)
+        call = asyncio.ensure_future(route.fn(self.store, body, params))
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not call.done():
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await call
+        if call.done() and not call.cancelled():
+            return call.result()
+        return await route.on_stop(self.store, body, params)
 
 
 # --- the routes: one per protocol method ------------------------------------------------------
@@ -308,6 +346,11 @@ async def _query_rollouts(s: LightningStore, b: QueryRolloutsBody, _: _Params) -
 
 async def _wait(s: LightningStore, b: WaitBody, _: _Params) -> BaseModel:
     return RolloutList.model_construct(rollouts=await s.wait_for_rollouts(b.ids, b.timeout_s))
+
+
+async def _wait_now(s: LightningStore, b: WaitBody, _: _Params) -> BaseModel:
+    """The server is stopping: answer a long poll with the rollouts that have ended so far."""
+    return RolloutList.model_construct(rollouts=await s.wait_for_rollouts(b.ids, 0.0))
 
 
 async def _get_attempt(s: LightningStore, _b: None, p: _Params) -> BaseModel:
@@ -363,7 +406,7 @@ _ROUTES: list[tuple[str, _Route]] = [
     ("/rollouts/claim", _Route("POST", ClaimBody, "body", _claim)),
     ("/rollouts/cancel", _Route("POST", IdsBody, "ids", _cancel)),
     ("/rollouts/query", _Route("POST", QueryRolloutsBody, "ids", _query_rollouts)),
-    ("/rollouts/wait", _Route("POST", WaitBody, "ids", _wait)),
+    ("/rollouts/wait", _Route("POST", WaitBody, "ids", _wait, on_stop=_wait_now)),
     ("/rollouts/{id}", _Route("GET", None, "", _get_rollout)),
     ("/rollouts/{id}/attempts", _Route("GET", None, "", _query_attempts)),
     ("/attempts/{id}", _Route("GET", None, "", _get_attempt)),
@@ -413,6 +456,8 @@ def create_store_app(
                     await task
 
     app = FastAPI(title="Lightning store", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    stopping = asyncio.Event()
+    app.state.stopping = stopping  # set it to end long polls in flight with an answer (see _Route.on_stop)
 
     async def otlp_traces(request: Request) -> Response:
         try:
@@ -440,7 +485,7 @@ def create_store_app(
         return error_response(exc.status_code, kind, f"{exc.detail}: see StoreClient for the routes this server has.")
 
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_middleware(_StoreRoutes, store=store, max_body_bytes=max_body_bytes)
+    app.add_middleware(_StoreRoutes, store=store, max_body_bytes=max_body_bytes, stopping=stopping)
     if token:
         app.add_middleware(_BearerAuth, token=token)  # added last = outermost: guards every route
     return app
@@ -466,8 +511,9 @@ class _QuietServer(uvicorn.Server):
 @contextlib.asynccontextmanager
 async def _started(
     store: LightningStore, host: str, port: int, token: str | None, max_body_bytes: int, expire_interval_s: float
-) -> AsyncGenerator[tuple[uvicorn.Server, asyncio.Task[None], str]]:
+) -> AsyncGenerator[tuple[uvicorn.Server, asyncio.Task[None], str, asyncio.Event]]:
     app = create_store_app(store, token, max_body_bytes=max_body_bytes, expire_interval_s=expire_interval_s)
+    stopping: asyncio.Event = app.state.stopping
     config = uvicorn.Config(
         app,
         host=host,
@@ -492,8 +538,9 @@ async def _started(
             await asyncio.sleep(0.01)
         bound = server.servers[0].sockets[0].getsockname()
         display = f"[{host}]" if ":" in host else host
-        yield server, task, f"http://{display}:{bound[1]}"
+        yield server, task, f"http://{display}:{bound[1]}", stopping
     finally:
+        stopping.set()  # long polls in flight answer now rather than hold the shutdown up
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -514,7 +561,12 @@ async def running_store_server(
     ``port=0`` picks a free port. On exit the server stops (in-flight requests finish first); the
     store is left open for the caller to close. Signal handlers are left alone.
     """
-    async with _started(store, host, port, token, max_body_bytes, expire_interval_s) as (_server, _task, url):
+    async with _started(store, host, port, token, max_body_bytes, expire_interval_s) as (
+        _server,
+        _task,
+        url,
+        _stopping,
+    ):
         yield url
 
 
@@ -527,10 +579,11 @@ async def serve_store(
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve ``store`` until SIGINT or SIGTERM, then stop gracefully (``lightning-rl store serve``)."""
-    async with _started(store, host, port, token, DEFAULT_MAX_BODY_BYTES, 1.0) as (server, task, url):
+    async with _started(store, host, port, token, DEFAULT_MAX_BODY_BYTES, 1.0) as (server, task, url, stopping):
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
+            stopping.set()
             server.should_exit = True
 
         for sig in (signal.SIGINT, signal.SIGTERM):

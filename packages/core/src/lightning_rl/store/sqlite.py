@@ -377,6 +377,7 @@ class SQLiteStore:
 
     # --- the worker thread ------------------------------------------------------------------
     def _connect(self, busy_timeout_s: float) -> sqlite3.Connection:
+        _create_private(self._path)
         try:
             conn = sqlite3.connect(self._path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -667,6 +668,23 @@ class SQLiteStore:
             q.end_attempt(rollout, attempt, AttemptStatus.TIMED_OUT, reason, message, None, now())
             self._save(c, rollout, attempt)
         return len(rows)
+
+
+def _create_private(path: str) -> None:
+    """Create the database file readable by its owner only (0600) if it does not exist yet.
+
+    The store holds prompts, model outputs and rewards; SQLite would create it with the process's
+    umask (usually 0644, world-readable). Its ``-wal`` and ``-shm`` files copy this file's mode.
+    """
+    if path in ("", ":memory:"):
+        return
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return  # an existing file keeps the mode its owner gave it
+    except OSError:
+        return  # e.g. a missing folder: sqlite3.connect reports it with a clearer message
+    os.close(fd)
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
