@@ -10,6 +10,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 
+from lightning_rl.agent import rollout_base_url
 from lightning_rl.engine.hf import TransformersEngine
 from lightning_rl.engine.tiny import default_tiny_model
 from lightning_rl.gateway import GatewayConfig, create_gateway_app, running_gateway
@@ -48,7 +49,8 @@ async def claim_attempts(store: LightningStore, k: int) -> list[Claim]:
 
 
 def rollout_url(base: str, claim: Claim) -> str:
-    return f"{base}/rollouts/{claim.rollout.id}/attempts/{claim.attempt.id}/v1"
+    """The attempt's base URL, as the runner hands it to the agent (with the attempt's key)."""
+    return rollout_base_url(base, claim.rollout.id, claim.attempt.id, claim.attempt.gateway_key)
 
 
 @dataclass

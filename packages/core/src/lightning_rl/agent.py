@@ -53,14 +53,17 @@ def _frozen_mapping() -> Mapping[str, Any]:
     return MappingProxyType({})
 
 
-def rollout_base_url(gateway_url: str, rollout_id: str, attempt_id: str) -> str:
-    """The OpenAI base URL of one attempt: ``<gateway>/rollouts/{rollout_id}/attempts/{attempt_id}/v1``.
+def rollout_base_url(gateway_url: str, rollout_id: str, attempt_id: str, key: str | None = None) -> str:
+    """The OpenAI base URL of one attempt: ``<gateway>/rollouts/{rollout_id}/attempts/{attempt_id}/key/{key}/v1``.
 
     ``gateway_url`` is the gateway root (``LLMResource.base_url``); a trailing ``/v1`` is tolerated
-    and dropped, so a resource published as ``http://host:port/v1`` routes the same way.
+    and dropped, so a resource published as ``http://host:port/v1`` routes the same way. ``key`` is
+    the attempt's ``gateway_key``: the gateway records a call into the attempt only when it carries
+    it, and every framework keeps a base URL's path, so the agent carries it without knowing.
     """
     root = gateway_url.rstrip("/").removesuffix("/v1")
-    return f"{root}/rollouts/{rollout_id}/attempts/{attempt_id}/v1"
+    tail = f"/key/{quote(key, safe='')}" if key else ""
+    return f"{root}/rollouts/{rollout_id}/attempts/{attempt_id}{tail}/v1"
 
 
 @dataclass(frozen=True)
@@ -95,10 +98,12 @@ class LLM:
         attempt_id: str,
         *,
         resources_version: int | None = None,
+        key: str | None = None,
     ) -> LLM:
-        """Build the LLM of one attempt from a published ``LLMResource`` (whose URL is the gateway root)."""
+        """Build the LLM of one attempt from a published ``LLMResource`` (whose URL is the gateway root);
+        ``key`` is the attempt's ``gateway_key`` (``claim.attempt.gateway_key``)."""
         return cls(
-            base_url=rollout_base_url(resource.base_url, rollout_id, attempt_id),
+            base_url=rollout_base_url(resource.base_url, rollout_id, attempt_id, key),
             model=resource.model,
             api_key=resource.api_key,
             sampling=resource.sampling,

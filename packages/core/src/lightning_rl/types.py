@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+import secrets
 import uuid
 from enum import StrEnum
 from typing import Any, Literal
@@ -51,6 +52,11 @@ _URL_SAFE_ID = re.compile(r"[A-Za-z0-9_.:-]+")
 def new_id(prefix: str = "") -> str:
     """A random, URL-safe id (``prefix`` + 32 hex chars)."""
     return f"{prefix}{uuid.uuid4().hex}"
+
+
+def new_gateway_key() -> str:
+    """A fresh attempt key (``Attempt.gateway_key``): 144 random bits, URL-safe."""
+    return secrets.token_urlsafe(18)
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,6 +212,13 @@ class Attempt(_Model):
     timeout_s: float | None = Field(
         default=None,
         description="The attempt's wall-clock limit: the rollout's timeout_s, else the claiming worker's (None: none).",
+    )
+    gateway_key: str | None = Field(
+        default_factory=new_gateway_key,
+        repr=False,
+        description="The attempt's own key for the gateway, minted with the attempt: the gateway records a call into "
+        "this attempt only when the call carries it (in its base URL), so a rollout's id is not enough to write into "
+        "it. None for attempts opened by an older Lightning.",
     )
     error: str | None = None
     reward: float | None = None

@@ -18,9 +18,20 @@ from typing import Literal
 
 from starlette.types import Receive, Send
 
+from lightning_rl.gateway.protocol import GatewayHTTPError
 from lightning_rl.gateway.recording import CallContext
 
-__all__ = ["CallKind", "match_call", "call_context", "read_body", "send_json", "bearer_ok", "CALL_PATHS"]
+__all__ = [
+    "CallKind",
+    "match_call",
+    "call_context",
+    "content_length",
+    "body_too_large",
+    "read_body",
+    "send_json",
+    "bearer_ok",
+    "CALL_PATHS",
+]
 
 CallKind = Literal["chat", "completions", "responses"]
 
@@ -35,11 +46,12 @@ _TAILS: dict[str, CallKind] = {path.removeprefix("/v1/"): kind for path, kind in
 _JSON_HEADER = (b"content-type", b"application/json")
 
 
-def match_call(path: str) -> tuple[CallKind, str | None, str | None, str | None] | None:
-    """``(kind, rollout_id, attempt_id, role)`` when ``path`` is a model-call route, else ``None``.
+def match_call(path: str) -> tuple[CallKind, str | None, str | None, str | None, str | None] | None:
+    """``(kind, rollout_id, attempt_id, key, role)`` when ``path`` is a model-call route, else ``None``.
 
-    Accepts the paths FastAPI routes for them: ``[/rollouts/R[/attempts/A[/roles/ROLE]]]/v1/<api>``,
-    every segment non-empty; ROLE may itself contain ``/``.
+    Accepts the paths FastAPI routes for them:
+    ``[/rollouts/R[/attempts/A][/key/K][/roles/ROLE]]/v1/<api>``, every segment non-empty; ROLE may
+    itself contain ``/``. ``K`` is the attempt's key (``Attempt.gateway_key``).
     """
     head, sep, tail = path.rpartition("/v1/")
     if not sep:
@@ -48,59 +60,107 @@ def match_call(path: str) -> tuple[CallKind, str | None, str | None, str | None]
     if kind is None:
         return None
     if not head:
-        return kind, None, None, None
+        return kind, None, None, None, None
     parts = head.split("/")
     n = len(parts)
-    if n not in (3, 5) and n < 7 or parts[0] or parts[1] != "rollouts" or not parts[2]:
+    if n < 3 or parts[0] or parts[1] != "rollouts" or not parts[2]:
         return None
-    attempt = role = None
-    if n >= 5:
-        if parts[3] != "attempts" or not parts[4]:
+    attempt = key = role = None
+    i = 3
+    if i < n and parts[i] == "attempts":
+        if i + 1 >= n or not parts[i + 1]:
             return None
-        attempt = parts[4]
-    if n >= 7:
+        attempt = parts[i + 1]
+        i += 2
+    if i < n and parts[i] == "key":
+        if i + 1 >= n or not parts[i + 1]:
+            return None
+        key = parts[i + 1]
+        i += 2
+    if i < n:
         # A role is free text ("Sales/Marketing Lead" in CrewAI): the ASGI path arrives decoded,
         # so a quoted "/" in it is a separator again; everything between /roles/ and /v1/ is the role.
-        role = "/".join(parts[6:])
-        if parts[5] != "roles" or not role:
+        role = "/".join(parts[i + 1 :])
+        if parts[i] != "roles" or not role:
             return None
-    return kind, parts[2], attempt, role
+    return kind, parts[2], attempt, key, role
 
 
 def call_context(
-    headers: Iterable[tuple[bytes, bytes]], rollout: str | None, attempt: str | None, role: str | None
+    headers: Iterable[tuple[bytes, bytes]],
+    rollout: str | None,
+    attempt: str | None,
+    role: str | None,
+    key: str | None = None,
 ) -> CallContext:
     """The call's context: path segments first, ``X-Lightning-*`` headers for what the path lacks."""
-    if rollout is None or attempt is None or role is None:
-        h_rollout = h_attempt = h_role = None
-        for key, value in headers:
-            if key.startswith(b"x-lightning-"):
-                if key == b"x-lightning-rollout" and h_rollout is None:
+    if rollout is None or attempt is None or role is None or key is None:
+        h_rollout = h_attempt = h_role = h_key = None
+        for name, value in headers:
+            if name.startswith(b"x-lightning-"):
+                if name == b"x-lightning-rollout" and h_rollout is None:
                     h_rollout = value.decode("latin-1")
-                elif key == b"x-lightning-attempt" and h_attempt is None:
+                elif name == b"x-lightning-attempt" and h_attempt is None:
                     h_attempt = value.decode("latin-1")
-                elif key == b"x-lightning-role" and h_role is None:
+                elif name == b"x-lightning-role" and h_role is None:
                     h_role = value.decode("latin-1")
+                elif name == b"x-lightning-key" and h_key is None:
+                    h_key = value.decode("latin-1")
         rollout = rollout or h_rollout or None
         attempt = attempt or h_attempt or None
         role = role or h_role or None
-    return CallContext(rollout, attempt, role)
+        key = key or h_key or None
+    return CallContext(rollout, attempt, role, key)
 
 
-async def read_body(receive: Receive) -> bytes | None:
-    """The whole request body; ``None`` when the client left before sending it."""
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    """The request's ``Content-Length`` (``None`` when absent or unreadable: the body is then
+    counted as it arrives)."""
+    for key, value in headers:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def body_too_large(size: int | None, limit: int) -> GatewayHTTPError:
+    """The 413 for a body above ``limit`` bytes (``size``: its length when known)."""
+    what = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+    return GatewayHTTPError(
+        413,
+        f"the request body is {what}, above this gateway's limit of {limit} bytes; send a shorter prompt "
+        "(the operator sets the limit: GatewayConfig.max_body_bytes, lightning-rl gateway serve --max-body-mb).",
+        code="request_too_large",
+    )
+
+
+async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
+    """The whole request body; ``None`` when the client left before sending it.
+
+    Raises:
+        GatewayHTTPError: 413 as soon as more than ``limit`` bytes arrived (the rest is not kept).
+    """
     message = await receive()
     if message["type"] == "http.disconnect":
         return None
     body: bytes = message.get("body", b"")
+    if limit is not None and len(body) > limit:
+        raise body_too_large(None, limit)
     if not message.get("more_body", False):
         return body
     chunks = [body]
+    size = len(body)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        chunks.append(message.get("body", b""))
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise body_too_large(None, limit)
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
 

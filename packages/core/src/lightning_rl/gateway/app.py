@@ -41,7 +41,18 @@ from lightning_rl._serving import FastHandler
 from lightning_rl.engine.base import InferenceEngine, SamplingParams
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.gateway import formatting as fmt
-from lightning_rl.gateway._asgi import CALL_PATHS, CallKind, bearer_ok, call_context, match_call, read_body, send_json
+from lightning_rl.gateway._asgi import (
+    CALL_PATHS,
+    CallKind,
+    bearer_ok,
+    body_too_large,
+    call_context,
+    content_length,
+    match_call,
+    read_body,
+    send_json,
+)
+from lightning_rl.gateway._weights import weights_file
 from lightning_rl.gateway.backends import (
     CallResult,
     CallSpec,
@@ -51,6 +62,7 @@ from lightning_rl.gateway.backends import (
     StreamPiece,
     call_in_task,
 )
+from lightning_rl.gateway.binding import AttemptBinder
 from lightning_rl.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -79,8 +91,11 @@ DEFAULT_ALIASES: tuple[str, ...] = ("gpt-5.6-luna",)
 _PREFIXES = (
     "",
     "/rollouts/{rollout_id}",
+    "/rollouts/{rollout_id}/key/{key}",
     "/rollouts/{rollout_id}/attempts/{attempt_id}",
-    "/rollouts/{rollout_id}/attempts/{attempt_id}/roles/{role}",
+    "/rollouts/{rollout_id}/attempts/{attempt_id}/roles/{role:path}",
+    "/rollouts/{rollout_id}/attempts/{attempt_id}/key/{key}",
+    "/rollouts/{rollout_id}/attempts/{attempt_id}/key/{key}/roles/{role:path}",
 )
 
 
@@ -108,6 +123,16 @@ class GatewayConfig:
     Spans written a moment after they were built are still in the CPU cache and die young (never
     promoted by the garbage collector); waiting 50 ms cost ~18 % more gateway CPU per recorded call."""
     writer_max_queue: int = 100_000
+    max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body accepted; a larger one is answered 413 before it is read (by its
+    ``Content-Length``) or as soon as that many bytes arrived (a chunked body), and never kept."""
+    attempt_check_s: float = 1.0
+    """How long the store's answer about a running attempt is trusted before it is asked again (see
+    ``binding``): a call may be served up to this long after its attempt ended."""
+    weights_dir: str | None = None
+    """The folder ``POST /admin/weights`` may load weights files from (``None``: no file may be
+    loaded; an upstream backend, which takes only a version, still works). Paths outside it are
+    refused with a 403 that says nothing about them."""
 
 
 class _SSE(StreamingResponse):
@@ -132,6 +157,7 @@ def _context(request: Request) -> CallContext:
         pp.get("rollout_id") or h.get("x-lightning-rollout") or None,
         pp.get("attempt_id") or h.get("x-lightning-attempt") or None,
         pp.get("role") or h.get("x-lightning-role") or None,
+        pp.get("key") or h.get("x-lightning-key") or None,
     )
 
 
@@ -201,6 +227,7 @@ class _Gateway:
         self.config = config
         self.writer = writer
         self.recorder = Recorder(writer, store)
+        self.binder = AttemptBinder(store, config.attempt_check_s) if store is not None else None
         self.requests: Counter[str] = Counter()
         self.errors: Counter[int] = Counter()
         self.streams_cancelled = 0
@@ -497,6 +524,32 @@ class _Gateway:
         except Exception as exc:
             return _ready(self._error(exc))
 
+    # --- binding a call to its attempt -----------------------------------------------------
+    def bound(self, handler: _Handler) -> _Handler:
+        """``handler`` answering only calls bound to a running attempt whose key they carry (see
+        ``binding``); calls that name no rollout, or a gateway without a store, are served as they are."""
+
+        def call(raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
+            binder = self.binder
+            if ctx.rollout_id is None or binder is None:
+                return handler(raw, ctx)
+            try:
+                bound = binder.bind(ctx)
+            except GatewayHTTPError as exc:
+                return _ready(self._error(exc))
+            if isinstance(bound, CallContext):
+                return handler(raw, bound)
+            return self._bound_later(handler, raw, bound)
+
+        return call
+
+    async def _bound_later(self, handler: _Handler, raw: bytes, binding: Awaitable[CallContext]) -> bytes | Response:
+        try:
+            ctx = await binding
+        except Exception as exc:
+            return self._error(exc)
+        return await handler(raw, ctx)
+
     # --- non-streamed calls: callbacks, no task -------------------------------------------
     def _run_in_task(self, spec: CallSpec, on_done: OnResult) -> None:
         """``start_call`` for a backend that has only ``run``."""
@@ -675,19 +728,32 @@ class _Gateway:
         return JSONResponse({"status": "ok", "model": self.backend.model_name, "version": self.backend.version})
 
     async def admin_weights(self, request: Request) -> Response:
-        """Swap weights (embedded engine) or record the upstream's new version: ``{"path", "version"}``."""
+        """Swap weights (embedded engine) or record the upstream's new version: ``{"path", "version"}``.
+
+        ``path`` names a file inside ``GatewayConfig.weights_dir`` (relative to it, or absolute);
+        anything else is refused before the file system is asked about it (see ``_weights``).
+        """
         try:
-            body = _body(await request.body())
+            raw = await read_body(request.receive, self.config.max_body_bytes)
+            body = _body(raw or b"")
             version = body.get("version")
             path = body.get("path")
             if not isinstance(version, int) or isinstance(version, bool) or version < 0:
                 raise GatewayHTTPError(400, "'version' must be a non-negative integer.", param="version")
-            if path is not None and not isinstance(path, str):
-                raise GatewayHTTPError(400, "'path' must be the path of a state dict saved with torch.save.")
+            if path is None:
+                await self.backend.load_weights(None, version)
+                return JSONResponse({"version": self.backend.version})
+            file = weights_file(path, self.config.weights_dir)
             try:
-                await self.backend.load_weights(path, version)
-            except FileNotFoundError as exc:
-                raise GatewayHTTPError(400, f"no weights file at {path!r}: {exc}", param="path") from exc
+                await self.backend.load_weights(str(file), version)
+            except Exception as exc:  # a file inside the folder that is not a state dict of this model
+                _log.warning("could not load weights from %s: %r", file, exc)
+                raise GatewayHTTPError(
+                    400,
+                    f"could not load weights from {path!r} in the weights folder ({type(exc).__name__}); "
+                    "save the model's state dict there with torch.save.",
+                    param="path",
+                ) from exc
             return JSONResponse({"version": self.backend.version})
         except Exception as exc:
             return self._error(exc)
@@ -716,29 +782,51 @@ class _GatewayApp(FastAPI):
 
     gateway: _Gateway
     expected_auth: bytes | None = None
+    admin_auth: bytes | None = None
+    max_body_bytes: int = 16 * 1024 * 1024
     calls: dict[CallKind, _Handler]
+
+    def _refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> Response | None:
+        """The answer to a request refused before any work (a missing or wrong token, a body above
+        the limit by its ``Content-Length``), else ``None``."""
+        if path.startswith("/admin/"):
+            if self.admin_auth is None:
+                msg = (
+                    "the admin endpoints are off: start the gateway with an admin token "
+                    "(create_gateway_app(admin_token=...), lightning-rl gateway serve --admin-token-file or "
+                    "$LIGHTNING_GATEWAY_ADMIN_TOKEN) and send it as 'Authorization: Bearer <admin token>'."
+                )
+                return error_response(403, msg, type="permission_error", code="admin_disabled")
+            if not bearer_ok(headers, self.admin_auth):
+                msg = "missing or wrong admin token: send 'Authorization: Bearer <the gateway's admin token>'."
+                return error_response(401, msg, type="authentication_error", code="invalid_api_key")
+        elif self.expected_auth is not None and path != "/health" and not bearer_ok(headers, self.expected_auth):
+            msg = "missing or wrong API key: send 'Authorization: Bearer <the gateway token>'."
+            return error_response(401, msg, type="authentication_error", code="invalid_api_key")
+        size = content_length(headers)
+        if size is not None and size > self.max_body_bytes:
+            return body_too_large(size, self.max_body_bytes).response()
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path: str = scope["path"]
-            if (
-                self.expected_auth is not None
-                and path != "/health"
-                and not bearer_ok(scope["headers"], self.expected_auth)
-            ):
-                msg = "missing or wrong API key: send 'Authorization: Bearer <the gateway token>'."
-                await error_response(401, msg, type="authentication_error", code="invalid_api_key")(
-                    scope, receive, send
-                )
+            refusal = self._refusal(path, scope["headers"])
+            if refusal is not None:
+                await refusal(scope, receive, send)
                 return
             if scope["method"] == "POST" and not scope.get("root_path"):
                 hit = match_call(path)
                 if hit is not None:
-                    kind, rollout, attempt, role = hit
-                    raw = await read_body(receive)
+                    kind, rollout, attempt, key, role = hit
+                    try:
+                        raw = await read_body(receive, self.max_body_bytes)
+                    except GatewayHTTPError as exc:  # a chunked body above the limit
+                        await exc.response()(scope, receive, send)
+                        return
                     if raw is None:
                         return  # the client left before sending its request: nobody to answer
-                    out = await self.calls[kind](raw, call_context(scope["headers"], rollout, attempt, role))
+                    out = await self.calls[kind](raw, call_context(scope["headers"], rollout, attempt, role, key))
                     if isinstance(out, bytes):
                         await send_json(send, 200, out)
                     else:
@@ -748,15 +836,19 @@ class _GatewayApp(FastAPI):
 
     def fast_handler(self, path: str, headers: list[tuple[bytes, bytes]]) -> FastHandler | None:
         """The model-call routes for the serving protocol's fast path (``lightning_rl._serving``);
-        ``None`` sends the request through ``__call__`` (other routes, a missing or wrong token)."""
+        ``None`` sends the request through ``__call__`` (other routes, a missing or wrong token, a
+        body without ``Content-Length`` or above the limit: ``__call__`` counts or refuses it)."""
         if self.expected_auth is not None and not bearer_ok(headers, self.expected_auth):
+            return None
+        size = content_length(headers)
+        if size is None or size > self.max_body_bytes:
             return None
         hit = match_call(path)
         if hit is None:
             return None
-        kind, rollout, attempt, role = hit
+        kind, rollout, attempt, key, role = hit
         handler = self.calls[kind]
-        ctx = call_context(headers, rollout, attempt, role)
+        ctx = call_context(headers, rollout, attempt, role, key)
 
         def answer(raw: bytes) -> Awaitable[bytes | Response]:
             return handler(raw, ctx)
@@ -764,11 +856,17 @@ class _GatewayApp(FastAPI):
         return answer
 
 
-def _endpoint(handler: _Handler) -> Callable[[Request], Awaitable[Response]]:
+def _endpoint(handler: _Handler, limit: int) -> Callable[[Request], Awaitable[Response]]:
     """A Starlette endpoint for ``handler`` (the router's copy of a hot route; see ``_GatewayApp``)."""
 
     async def endpoint(request: Request) -> Response:
-        out = await handler(await request.body(), _context(request))
+        try:
+            raw = await read_body(request.receive, limit)
+        except GatewayHTTPError as exc:
+            return exc.response()
+        if raw is None:
+            return Response(status_code=499)  # the client left: nobody reads this
+        out = await handler(raw, _context(request))
         return Response(out, media_type="application/json") if isinstance(out, bytes) else out
 
     return endpoint
@@ -779,6 +877,7 @@ def create_gateway_app(
     *,
     store: LightningStore | None = None,
     token: str | None = None,
+    admin_token: str | None = None,
     config: GatewayConfig | None = None,
     writer: SpanWriter | None = None,
 ) -> FastAPI:
@@ -789,6 +888,8 @@ def create_gateway_app(
             an ``EngineBackend``).
         store: Where calls of a rollout are recorded; ``None`` serves without recording.
         token: When set, every request must carry ``Authorization: Bearer <token>`` (the agent's API key).
+        admin_token: The token ``/admin/*`` (weights) requires instead of ``token``; must differ from
+            it. ``None``: the admin endpoints answer 403.
         config: Limits and model aliases.
         writer: A ``SpanWriter`` to record through (default: one over ``store``, closed with the app).
     """
@@ -823,12 +924,21 @@ def create_gateway_app(
     app = _GatewayApp(title="Lightning gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.gateway = gw
     app.state.gateway = gw
+    if admin_token is not None and (not admin_token or admin_token == token):
+        raise ValueError("admin_token must be non-empty and differ from token (the key agents hold).")
     app.expected_auth = f"Bearer {token}".encode() if token else None
-    app.calls = {"chat": gw.chat, "completions": gw.completions, "responses": gw.responses}
+    app.admin_auth = f"Bearer {admin_token}".encode() if admin_token else None
+    app.max_body_bytes = config.max_body_bytes
+    app.calls = {
+        "chat": gw.bound(gw.chat),
+        "completions": gw.bound(gw.completions),
+        "responses": gw.bound(gw.responses),
+    }
     for prefix in _PREFIXES:
         app.add_route(prefix + "/v1/models", gw.models, methods=["GET"], include_in_schema=False)
         for path, kind in CALL_PATHS.items():
-            app.add_route(prefix + path, _endpoint(app.calls[kind]), methods=["POST"], include_in_schema=False)
+            endpoint = _endpoint(app.calls[kind], config.max_body_bytes)
+            app.add_route(prefix + path, endpoint, methods=["POST"], include_in_schema=False)
     app.add_route("/metrics", gw.metrics, methods=["GET"], include_in_schema=False)
     app.add_route("/health", gw.health, methods=["GET"], include_in_schema=False)
     app.add_route("/admin/weights", gw.admin_weights, methods=["POST"], include_in_schema=False)

@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import httpx
 
@@ -159,6 +159,35 @@ def _tool_call_deltas(calls: Sequence[ParsedToolCall]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------
 
 
+_INLINE_TOKENISE_CHARS = 16_384
+"""Prompts up to this many characters are tokenised on the event loop (a thread hop would cost
+more than it saves); longer ones on a worker thread."""
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of the text in a JSON value (strings, and strings inside lists and objects).
+
+    Iterative: a client's JSON may nest deeper than Python's recursion limit."""
+    total = 0
+    todo: list[Any] = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, list | tuple):
+            todo.extend(item)  # pyright: ignore[reportUnknownArgumentType]
+        elif isinstance(item, dict):
+            todo.extend(item.values())  # pyright: ignore[reportUnknownArgumentType, reportUnknownMemberType]
+    return total
+
+
+def _prompt_chars(spec: CallSpec) -> int:
+    """Characters of the text a call's prompt is made of (0 for a token-id prompt)."""
+    if spec.api == "chat":
+        return _text_chars(spec.messages) + _text_chars(spec.tools)
+    return len(spec.prompt) if isinstance(spec.prompt, str) else 0
+
+
 class EngineBackend:
     """Serve an ``InferenceEngine`` in-process (exact tokens, per-token sampling logprobs).
 
@@ -171,6 +200,7 @@ class EngineBackend:
         self.engine = engine
         self.owns_engine = owns_engine
         self._token_text: dict[int, str] = {}
+        self._max_token_chars: int | None = None
 
     @property
     def model_name(self) -> str:
@@ -199,6 +229,54 @@ class EngineBackend:
         await self.engine.load_weights(state, version)
 
     # --- preparing a call -------------------------------------------------------------------
+    def _longest_token(self) -> int | None:
+        """The most characters one token of the vocabulary stands for (``None``: unknown).
+
+        A token's string in the vocabulary has at least as many characters as the text it decodes
+        to (byte-level BPE writes one character per byte), so it bounds them from above.
+        """
+        if self._max_token_chars is None:
+            tokenizer = getattr(self.engine, "tokenizer", None)
+            get_vocab = getattr(tokenizer, "get_vocab", None)
+            try:
+                vocab: Mapping[str, int] = cast("Mapping[str, int]", get_vocab()) if callable(get_vocab) else {}
+                self._max_token_chars = max((len(t) for t in vocab), default=0)
+            except Exception:  # a tokenizer without a readable vocabulary: no bound
+                self._max_token_chars = 0
+        return self._max_token_chars or None
+
+    def _check_length(self, spec: CallSpec) -> int:
+        """Refuse, before tokenising, a prompt that cannot fit the context whatever its tokens.
+
+        Every token covers at most ``_longest_token()`` characters, so a text longer than the
+        context times that has more tokens than the context holds. Counting characters costs
+        microseconds; tokenising a 10 MB prompt took seconds. Returns the characters counted.
+        """
+        chars = _prompt_chars(spec)
+        longest = self._longest_token()
+        if longest is None:
+            return chars
+        context = self.engine.max_context
+        if chars > context * longest:
+            raise GatewayHTTPError(
+                400,
+                f"the prompt has {chars} characters, more than the model's context of {context} tokens can hold "
+                f"(at most {longest} characters per token); shorten the conversation.",
+                param="messages" if spec.api == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        return chars
+
+    async def _encode(self, spec: CallSpec) -> list[int]:
+        """The prompt's ids: small prompts tokenised at once, long ones on a worker thread.
+
+        Tokenising holds the CPU for long (seconds for megabytes with a slow tokenizer); on the
+        event loop it stalled every other call and ``/health`` for as long.
+        """
+        if self._check_length(spec) <= _INLINE_TOKENISE_CHARS:
+            return self._prompt_ids(spec)
+        return await asyncio.to_thread(self._prompt_ids, spec)
+
     def _prompt_ids(self, spec: CallSpec) -> list[int]:
         if spec.api == "chat":
             assert spec.messages is not None
@@ -254,7 +332,7 @@ class EngineBackend:
 
     # --- non-streaming ----------------------------------------------------------------------
     async def run(self, spec: CallSpec) -> CallResult:
-        prompt_ids = self._prompt_ids(spec)
+        prompt_ids = await self._encode(spec)
         params = self._params(spec, len(prompt_ids))
         outs = await asyncio.gather(*(self.engine.generate(prompt_ids, _seeded(params, i)) for i in range(spec.n)))
         choices: list[ChoiceResult] = []
@@ -271,7 +349,7 @@ class EngineBackend:
 
     # --- streaming --------------------------------------------------------------------------
     async def stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]:
-        prompt_ids = self._prompt_ids(spec)
+        prompt_ids = await self._encode(spec)
         params = self._params(spec, len(prompt_ids))
         if spec.n == 1:
             async for piece in self._stream_choice(spec, 0, prompt_ids, params):

@@ -55,6 +55,8 @@ class CallContext:
     rollout_id: str | None = None
     attempt_id: str | None = None
     role: str | None = None
+    key: str | None = None
+    """The attempt's key (``Attempt.gateway_key``) the call carried, checked before it is served."""
 
     @property
     def recorded(self) -> bool:

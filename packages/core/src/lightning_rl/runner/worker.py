@@ -295,7 +295,7 @@ class Runner:
         rollout, attempt = claim.rollout, claim.attempt
         self.stats.claimed += 1
         try:
-            prepared = await self._prepare(rollout, attempt.id)
+            prepared = await self._prepare(rollout, attempt.id, attempt.gateway_key)
             if isinstance(prepared, str):
                 self.stats.failed += 1
                 await self._report(attempt.id, _Outcome(AttemptStatus.FAILED, error=prepared))
@@ -322,7 +322,7 @@ class Runner:
             )
         await self._report(attempt.id, outcome)
 
-    async def _prepare(self, rollout: Rollout, attempt_id: str) -> tuple[Resources, LLM] | str:
+    async def _prepare(self, rollout: Rollout, attempt_id: str, key: str | None) -> tuple[Resources, LLM] | str:
         """The rollout's resources and the attempt's LLM, or an error message saying why it cannot run."""
         try:
             resources = await self._get_resources(rollout)
@@ -333,7 +333,8 @@ class Runner:
                 f"resources version {resources.version} has no llm; publish resources with an LLMResource "
                 "(store.add_resources(llm=...)) before enqueueing rollouts."
             )
-        return resources, LLM.for_attempt(resources.llm, rollout.id, attempt_id, resources_version=resources.version)
+        llm = LLM.for_attempt(resources.llm, rollout.id, attempt_id, resources_version=resources.version, key=key)
+        return resources, llm
 
     async def _get_resources(self, rollout: Rollout) -> Resources:
         version = rollout.resources_version

@@ -109,6 +109,7 @@ ATTEMPT_COLUMNS = (
     "error",
     "reward",
     "timeout_s",
+    "gateway_key",
 )
 """Columns of the attempts table that make an ``Attempt`` (the table also has ``seq`` and ``span_count``)."""
 
@@ -194,6 +195,7 @@ def attempt_from_row(row: Sequence[Any]) -> Attempt:
         error=row[9],
         reward=row[10],
         timeout_s=row[11],
+        gateway_key=row[12],
     )
 
 
@@ -212,6 +214,7 @@ def attempt_insert_params(a: Attempt) -> tuple[Any, ...]:
         a.error,
         a.reward,
         a.timeout_s,
+        a.gateway_key,
     )
 
 

@@ -160,6 +160,7 @@ CREATE TABLE IF NOT EXISTS resources (version INTEGER PRIMARY KEY, data JSON NOT
 
 _UPGRADE = _trusted(f"""
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS timeout_s DOUBLE PRECISION;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS gateway_key TEXT;
 UPDATE attempts SET deadline = heartbeat_at + {DEFAULT_HEARTBEAT_TIMEOUT_S!r}
     WHERE status = 'running' AND deadline IS NULL;
 """)
@@ -207,7 +208,7 @@ class PostgresStore:
             await store._check_version(conn)
             columns = await conn.execute(
                 "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
-                " AND table_name = 'attempts' AND column_name = 'timeout_s'"
+                " AND table_name = 'attempts' AND column_name = 'gateway_key'"
             )
             if await columns.fetchone() is None:
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))

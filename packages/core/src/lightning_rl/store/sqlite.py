@@ -110,7 +110,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     error TEXT,
     reward REAL,
     span_count INTEGER NOT NULL DEFAULT 0,
-    timeout_s REAL
+    timeout_s REAL,
+    gateway_key TEXT
 );
 CREATE INDEX IF NOT EXISTS attempts_rollout ON attempts (rollout_id, number);
 CREATE INDEX IF NOT EXISTS attempts_expiry ON attempts (deadline) WHERE status = 'running';
@@ -693,6 +694,8 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(attempts)")}
     if "timeout_s" not in columns:
         conn.execute("ALTER TABLE attempts ADD COLUMN timeout_s REAL")
+    if "gateway_key" not in columns:  # attempts opened before it have none: the gateway accepts them unkeyed
+        conn.execute("ALTER TABLE attempts ADD COLUMN gateway_key TEXT")
     conn.execute(
         "UPDATE attempts SET deadline = heartbeat_at + ? WHERE status = 'running' AND deadline IS NULL",
         (DEFAULT_HEARTBEAT_TIMEOUT_S,),

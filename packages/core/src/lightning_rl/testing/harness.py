@@ -77,7 +77,7 @@ class GatewayHarness:
     def llm(self, claim: Claim) -> LLM:
         """The ``LLM`` the runner would hand the agent for ``claim``."""
         resource = LLMResource(base_url=self.url, model=self.model)
-        return LLM.for_attempt(resource, claim.rollout.id, claim.attempt.id)
+        return LLM.for_attempt(resource, claim.rollout.id, claim.attempt.id, key=claim.attempt.gateway_key)
 
     async def new_attempt(self, task_input: Any = None) -> Claim:
         """Enqueue one rollout and claim it: an open attempt, as a runner holds it."""
