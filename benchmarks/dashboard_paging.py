@@ -61,7 +61,9 @@ async def fill(path: Path, n: int) -> float:
                 [
                     RolloutRequest(
                         id=f"bench-{i:06d}",
-                        task=Task(input={"question": f"What is {i} times 7?", "answer": str(7 * i)}, id=f"task-{i % 500}"),
+                        task=Task(
+                            input={"question": f"What is {i} times 7?", "answer": str(7 * i)}, id=f"task-{i % 500}"
+                        ),
                         group_id=f"g{i // 8}",
                         mode="val" if i % 10 == 9 else "train",
                         config=RolloutConfig(timeout_s=86_400, heartbeat_timeout_s=86_400),  # filling takes minutes

@@ -92,7 +92,16 @@ async def test_a_token_guards_the_api_but_not_the_page(trained_run: Path) -> Non
 
 def test_binding_off_loopback_without_a_token_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "lightning_rl.cli", "dashboard", "--store", str(tmp_path / "s.sqlite"), "--host", "0.0.0.0"],
+        [
+            sys.executable,
+            "-m",
+            "lightning_rl.cli",
+            "dashboard",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--host",
+            "0.0.0.0",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -107,7 +107,8 @@ def render_rollout(console: Console, detail: dict[str, Any], *, full: bool = Fal
             head = (
                 f"[bold]call {i}[/] role={c['role'] or '—'} model v{c['model_version']} "
                 f"prompt {c['prompt_tokens']} tok, response {c['response_tokens']} tok, "
-                f"{'exact' if c['exact_tokens'] else '[yellow]INEXACT[/]'} tokens, finish {','.join(map(str, c['finish_reasons']))}"
+                f"{'exact' if c['exact_tokens'] else '[yellow]INEXACT[/]'} tokens, "
+                f"finish {','.join(map(str, c['finish_reasons']))}"
             )
             console.print(head)
             for m in c["prompt"]:

@@ -13,7 +13,7 @@ import contextlib
 import hmac
 import json
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -140,7 +140,7 @@ def create_dashboard_app(state: DashboardState, *, token: str | None = None, pol
     """The dashboard as an ASGI app. ``poll_s``: how often the page refreshes live views."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_app: FastAPI) -> AsyncGenerator[None]:
         await state.index.refresh(force=True)
         state.index.start_span_indexing()
         try:
