@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import httpx
@@ -34,20 +35,20 @@ async def test_path_headers_and_roles_route_calls(gateway: Gateway, engine: Tran
         )
         assert r.status_code == 200
         r = await http.post(
-            f"{gateway.url}/rollouts/{a.rollout.id}/attempts/{a.attempt.id}/roles/planner/v1/chat/completions",
-            json=body,
+            f"{rollout_url(gateway.url, a).removesuffix('/v1')}/roles/planner/v1/chat/completions", json=body
         )
         assert r.status_code == 200
         headers = {
             "X-Lightning-Rollout": b.rollout.id,
             "X-Lightning-Attempt": b.attempt.id,
             "X-Lightning-Role": "coder",
+            "X-Lightning-Key": str(b.attempt.gateway_key),
         }
         assert (await http.post(f"{gateway.v1}/chat/completions", json=body, headers=headers)).status_code == 200
-        # rollout only: the gateway looks up the running attempt in the store
-        assert (
-            await http.post(f"{gateway.url}/rollouts/{c.rollout.id}/v1/chat/completions", json=body)
-        ).status_code == 200
+        # rollout only: the gateway looks up the running attempt in the store (the key is still needed)
+        key = {"X-Lightning-Key": str(c.attempt.gateway_key)}
+        r = await http.post(f"{gateway.url}/rollouts/{c.rollout.id}/v1/chat/completions", json=body, headers=key)
+        assert r.status_code == 200
         # outside any rollout: served, not recorded
         assert (await http.post(f"{gateway.v1}/chat/completions", json=body)).status_code == 200
     await asyncio.sleep(0.05)  # the attempt look-up runs in the background
@@ -96,7 +97,9 @@ async def test_weight_swap_during_traffic(tiny_model_path: Path, tmp_path: Path)
     engine = TransformersEngine.from_pretrained(tiny_model_path, max_batch_size=8)
     store = MemoryStore()
     [claim] = await claim_attempts(store, 1)
-    app = create_gateway_app(engine, store=store, config=LIMITS)
+    config = dataclasses.replace(LIMITS, weights_dir=str(tmp_path))
+    app = create_gateway_app(engine, store=store, config=config, admin_token="adm1n")
+    admin = {"authorization": "Bearer adm1n"}
     weights = tmp_path / "v1.pt"
     torch.save({k: v * 0.5 for k, v in engine.model.state_dict().items()}, weights)
     try:
@@ -112,14 +115,16 @@ async def test_weight_swap_during_traffic(tiny_model_path: Path, tmp_path: Path)
 
             async def swap() -> httpx.Response:
                 await asyncio.sleep(0.3)
-                return await http.post(f"{url}/admin/weights", json={"path": str(weights), "version": 1})
+                return await http.post(f"{url}/admin/weights", json={"path": str(weights), "version": 1}, headers=admin)
 
             *codes, swapped = await asyncio.gather(*(traffic(6) for _ in range(4)), swap())
             assert swapped.status_code == 200 and swapped.json() == {"version": 1}
             assert all(c == 200 for batch in codes for c in batch)
             after = await http.post(target, json=body)
             assert after.status_code == 200
-            bad = await http.post(f"{url}/admin/weights", json={"path": str(tmp_path / "nope.pt"), "version": 2})
+            bad = await http.post(
+                f"{url}/admin/weights", json={"path": str(tmp_path / "nope.pt"), "version": 2}, headers=admin
+            )
             assert bad.status_code == 400 and "nope.pt" in bad.json()["error"]["message"]
             assert await app.state.gateway.writer.flush(10.0)
         spans = await store.query_spans(rollout_id=claim.rollout.id)
@@ -139,7 +144,7 @@ async def test_token_is_required_when_set(engine: TransformersEngine, sent: str 
         r = await http.get(f"{url}/v1/models", headers=headers)
         assert r.status_code == 401 and "Bearer" in r.json()["error"]["message"]
         r = await http.post(f"{url}/admin/weights", json={"version": 1}, headers=headers)
-        assert r.status_code == 401
+        assert r.status_code == 403  # no admin token configured: the admin endpoints are off
         # the model-call routes are served by the gateway's own fast path: it must check the token too
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         for path in ("/v1/chat/completions", "/rollouts/r1/attempts/a1/v1/chat/completions"):
@@ -176,7 +181,7 @@ async def test_model_calls_skip_asgi_on_the_gateway_s_own_server(
     assert [c async for c in stream]
     with pytest.raises(openai.BadRequestError):  # n beyond the configured limit: an error response
         await client.chat.completions.create(model=engine.model_name, messages=MESSAGES, n=9)  # type: ignore[arg-type]
-    assert through_asgi == [f"/rollouts/{claim.rollout.id}/attempts/{claim.attempt.id}/v1/models"]
+    assert through_asgi == [rollout_url("", claim) + "/models"]
     await gateway.flush()
     assert len(await gateway.store.query_spans(rollout_id=claim.rollout.id)) == 2  # the call and the stream
 

@@ -117,12 +117,14 @@ async def test_completions_and_version_hook_in_upstream_mode(store: MemoryStore)
     fake = FakeUpstream(["abc", "def"])
     [claim] = await claim_attempts(store, 1)
     async with running_gateway(fake.app) as up:
-        app = create_gateway_app(UpstreamBackend(up), store=store)
+        app = create_gateway_app(UpstreamBackend(up), store=store, admin_token="adm1n")
         async with running_gateway(app) as url, httpx.AsyncClient(timeout=30) as http:
             base = rollout_url(url, claim)
             r = await http.post(f"{base}/completions", json={"prompt": [7, 8, 9], "max_tokens": 3, "logprobs": 0})
             assert r.json()["choices"][0]["token_ids"] == list(b"abc")
-            assert (await http.post(f"{url}/admin/weights", json={"version": 4})).json() == {"version": 4}
+            admin = {"authorization": "Bearer adm1n"}
+            r = await http.post(f"{url}/admin/weights", json={"version": 4}, headers=admin)
+            assert r.json() == {"version": 4}
             r = await http.post(f"{base}/completions", json={"prompt": "hey", "max_tokens": 3})
             assert r.json()["prompt_token_ids"] == list(b"hey")
             r = await http.post(f"{url}/v1/chat/completions", json={"model": "other", "messages": MESSAGES})

@@ -11,13 +11,14 @@ from lightning_rl.backends.publish import gateway_publisher
 from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
 from lightning_rl.engine.base import SamplingParams
 from lightning_rl.engine.hf import TransformersEngine
-from lightning_rl.gateway import create_gateway_app, running_gateway
+from lightning_rl.gateway import GatewayConfig, create_gateway_app, running_gateway
 from lightning_rl.types import Transition
 
 
 async def test_publish_through_the_gateway_admin_endpoint(tiny_model_path: Path, tmp_path: Path) -> None:
     with TransformersEngine.from_pretrained(tiny_model_path, max_batch_size=4) as engine:
-        app = create_gateway_app(engine, token="s3cret")
+        config = GatewayConfig(weights_dir=str(tmp_path / "weights"))
+        app = create_gateway_app(engine, token="agents-key", admin_token="s3cret", config=config)
         async with running_gateway(app) as url:
             policy = TorchBackend(
                 AutoModelForCausalLM.from_pretrained(tiny_model_path),
@@ -38,6 +39,12 @@ async def test_publish_through_the_gateway_admin_endpoint(tiny_model_path: Path,
             assert [p.name for p in (tmp_path / "weights").iterdir()] == [f"weights-v{version}.pt"]
 
             wrong = gateway_publisher(url, tmp_path / "w2", token="nope")
-            with pytest.raises(PermissionError, match="refused the token"):
+            with pytest.raises(PermissionError, match="refused the weights"):
                 await wrong(policy.state_dict_for_inference(), version + 1)
+            agents_key = gateway_publisher(url, tmp_path / "weights", token="agents-key")
+            with pytest.raises(PermissionError, match="admin token"):
+                await agents_key(policy.state_dict_for_inference(), version + 1)
+            outside = gateway_publisher(url, tmp_path / "w2", token="s3cret")  # not the gateway's weights folder
+            with pytest.raises(PermissionError, match="outside"):
+                await outside(policy.state_dict_for_inference(), version + 1)
             assert engine.version == version

@@ -21,6 +21,13 @@ behind one still in flight) takes uvicorn's own path, so keep-alive, pipelining 
 disconnects and graceful shutdown behave as uvicorn makes them behave. With httptools the
 keep-alive timeout is kept by one timer per connection rather than one per response (see
 ``_Protocol``).
+
+The fast path subclasses uvicorn's private protocol classes (``_unset_keepalive_if_required``,
+``_start_asgi_task``, ``RequestResponseCycle``'s keywords), which change between uvicorn releases.
+So it is used only with the uvicorn versions it was tested with (``TESTED_UVICORN``); with any other
+version, or when ``LIGHTNING_STOCK_UVICORN=1`` is set, ``http_protocol()`` returns uvicorn's own
+protocol class unchanged (a ``RuntimeWarning`` says so when the version caused it): every route then
+goes through ASGI, correct and somewhat slower.
 """
 
 from __future__ import annotations
@@ -28,12 +35,51 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib.util
+import os
 import urllib.parse
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any, Protocol, cast
 
-__all__ = ["http_protocol", "FastHandler", "FastRoutes"]
+__all__ = ["http_protocol", "FastHandler", "FastRoutes", "TESTED_UVICORN", "STOCK_UVICORN_ENV", "fast_path_refusal"]
+
+TESTED_UVICORN: tuple[tuple[int, int], tuple[int, int]] = ((0, 54), (0, 55))
+"""uvicorn versions ``[low, high)`` the fast path's subclass is tested with (``.ci/uvicorn_range`` and
+``tests/reliability/test_gateway_serving.py``); outside them the stock protocol is used."""
+STOCK_UVICORN_ENV = "LIGHTNING_STOCK_UVICORN"
+"""Set to ``1`` to serve with uvicorn's own protocol class (no fast path, no coalesced writes)."""
+_warned: set[str] = set()
+
+
+def fast_path_refusal() -> str | None:
+    """Why the fast path's protocol subclass is not used here (``None``: it is)."""
+    if os.environ.get(STOCK_UVICORN_ENV, "").strip() not in ("", "0"):
+        return f"{STOCK_UVICORN_ENV} is set"
+    import uvicorn
+
+    try:
+        version = tuple(int(p) for p in uvicorn.__version__.split(".")[:2])
+    except ValueError:
+        return f"uvicorn {uvicorn.__version__} has an unreadable version"
+    low, high = TESTED_UVICORN
+    if not low <= version < high:
+        return (
+            f"uvicorn {uvicorn.__version__} is outside the tested range "
+            f">={low[0]}.{low[1]},<{high[0]}.{high[1]} of Lightning's serving fast path"
+        )
+    return None
+
+
+def _stock_protocol() -> type[asyncio.Protocol]:
+    if importlib.util.find_spec("httptools") is None:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        return H11Protocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    return HttpToolsProtocol
+
 
 FastHandler = Callable[[bytes], Awaitable[Any]]
 """Answers one request from its body, eventually: ``bytes`` (a ``200`` JSON body) or an ASGI app to run.
@@ -113,7 +159,19 @@ class _CoalescingTransport:
 
 def http_protocol() -> type[asyncio.Protocol]:
     """uvicorn's HTTP/1.1 protocol (httptools when installed, else h11) with coalesced writes, and
-    the ``FastRoutes`` fast path when the parser is httptools."""
+    the ``FastRoutes`` fast path when the parser is httptools; uvicorn's own class, unchanged,
+    outside ``TESTED_UVICORN`` or with ``LIGHTNING_STOCK_UVICORN=1`` (see the module docstring)."""
+    refusal = fast_path_refusal()
+    if refusal is not None:
+        if not refusal.startswith(STOCK_UVICORN_ENV) and refusal not in _warned:
+            _warned.add(refusal)
+            warnings.warn(
+                f"{refusal}; serving with uvicorn's own HTTP protocol (correct, slower). Install a tested "
+                f"uvicorn or set {STOCK_UVICORN_ENV}=1 to silence this.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return _stock_protocol()
     if importlib.util.find_spec("httptools") is None:
         from uvicorn.protocols.http.h11_impl import H11Protocol
 

@@ -2,8 +2,9 @@
 
 In process, the trainer hands the state dict straight to the engine (``engine_publisher``). When
 the gateway runs as a separate process on the same machine (or a shared filesystem), the weights
-are saved with ``torch.save`` and the gateway is told to load them through its token-protected
-``POST /admin/weights`` endpoint (``gateway_publisher``); only the latest file is kept.
+are saved with ``torch.save`` into the gateway's weights folder (its ``--weights-dir``) and the
+gateway is told to load them through its ``POST /admin/weights`` endpoint, which takes the
+gateway's admin token (``gateway_publisher``); only the latest file is kept.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def gateway_publisher(
 ) -> Publisher:
     """Publish to a gateway process at ``url`` through ``POST /admin/weights``.
 
-    ``directory`` must be readable by the gateway process at the same path. Raises
-    ``PermissionError`` on a wrong token and ``ConnectionError`` when the gateway cannot load them.
+    ``directory`` must be the gateway's weights folder (``--weights-dir``), readable by the gateway
+    process at the same path; ``token`` is the gateway's admin token (not the agents' key). Raises
+    ``PermissionError`` on a wrong token or a folder the gateway refuses, and ``ConnectionError``
+    when the gateway cannot load them.
     """
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
@@ -53,8 +56,11 @@ def gateway_publisher(
                 json={"path": str(path.resolve()), "version": version},
                 headers=headers,
             )
-        if response.status_code == 401:
-            raise PermissionError(f"the gateway at {url} refused the token; pass the token it was started with.")
+        if response.status_code in (401, 403):
+            raise PermissionError(
+                f"the gateway at {url} refused the weights: {response.text}; pass its admin token and save into its "
+                "--weights-dir."
+            )
         if response.status_code != 200:
             detail: Any = response.text
             raise ConnectionError(f"the gateway at {url} could not load {path}: HTTP {response.status_code} {detail}")

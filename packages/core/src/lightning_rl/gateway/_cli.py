@@ -11,9 +11,10 @@ import asyncio
 import os
 from typing import Any
 
-__all__ = ["register", "TOKEN_ENV"]
+__all__ = ["register", "TOKEN_ENV", "ADMIN_TOKEN_ENV"]
 
 TOKEN_ENV = "LIGHTNING_GATEWAY_TOKEN"
+ADMIN_TOKEN_ENV = "LIGHTNING_GATEWAY_ADMIN_TOKEN"
 
 
 def register(subparsers: Any) -> None:
@@ -24,7 +25,8 @@ def register(subparsers: Any) -> None:
         "serve",
         help="Serve a model over the OpenAI API and record every call of a rollout to a store.",
         description="Serve a model over the OpenAI API. Agents use URL/v1 (not recorded) or "
-        "URL/rollouts/ROLLOUT/attempts/ATTEMPT/v1 (recorded as llm.call spans in --store).",
+        "URL/rollouts/ROLLOUT/attempts/ATTEMPT/key/KEY/v1 (recorded as llm.call spans in --store; KEY is the "
+        "attempt's gateway_key, which the runner puts in the agent's base URL).",
     )
     source = serve.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -47,6 +49,18 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument("--max-n", type=int, default=16, help="Most choices per call.")
     serve.add_argument("--max-tokens", type=int, default=8192, help="Most completion tokens a client may ask for.")
+    serve.add_argument(
+        "--max-body-mb", type=float, default=16.0, help="Largest request body in MiB; larger ones get a 413 unread."
+    )
+    serve.add_argument(
+        "--weights-dir", default=None, help="The only folder POST /admin/weights may load weights files from."
+    )
+    serve.add_argument(
+        "--admin-token-file",
+        default=None,
+        help=f"A file holding the token /admin/* requires (default: ${ADMIN_TOKEN_ENV}; unset: /admin/* is off). "
+        "It must differ from the agents' --token.",
+    )
     serve.set_defaults(handler=_serve)
 
 
@@ -107,8 +121,17 @@ async def _run(args: argparse.Namespace, token: str | None) -> None:
     else:
         engine = await asyncio.to_thread(_engine, args.model, args.device)
         backend = EngineBackend(engine, owns_engine=True)
-    config = GatewayConfig(max_n=args.max_n, max_tokens_limit=args.max_tokens)
-    app = create_gateway_app(backend, store=store, token=token, config=config)
+    config = GatewayConfig(
+        max_n=args.max_n,
+        max_tokens_limit=args.max_tokens,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        weights_dir=args.weights_dir,
+    )
+    admin_token = os.environ.get(ADMIN_TOKEN_ENV) or None
+    if args.admin_token_file:
+        with open(args.admin_token_file, encoding="utf-8") as f:
+            admin_token = f.read().strip() or None
+    app = create_gateway_app(backend, store=store, token=token, admin_token=admin_token, config=config)
     server = uvicorn.Server(uvicorn_config(app, args.host, args.port, log_level="info"))
     freeze_startup_heap()
     try:

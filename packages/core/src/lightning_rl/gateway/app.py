@@ -1,11 +1,13 @@
 """The OpenAI-compatible gateway: serve a model to agents and record every call of a rollout.
 
 The agent never knows it is being trained: it is given a base URL and talks the OpenAI API.
-Which rollout a call belongs to comes from the URL (``/rollouts/{rollout}/attempts/{attempt}/v1``,
+Which rollout a call belongs to comes from the URL (``/rollouts/{rollout}/attempts/{attempt}/key/{key}/v1``,
 optionally ``/roles/{role}`` before ``/v1``) or from the ``X-Lightning-Rollout`` /
-``X-Lightning-Attempt`` / ``X-Lightning-Role`` headers; a call outside any rollout is served and
-not recorded (evaluation, plain use). Recording never sits on the request path: spans go to a
-``SpanWriter`` that batches them to the store in the background.
+``X-Lightning-Attempt`` / ``X-Lightning-Key`` / ``X-Lightning-Role`` headers; a call outside any
+rollout is served and not recorded (evaluation, plain use). A call inside one is served only when it
+names a running attempt and carries that attempt's key (``binding``). Recording never sits on the
+request path: spans go to a ``SpanWriter`` that batches them to the store in the background.
+Limits come before work: a body above ``max_body_bytes`` is a 413 before it is read.
 
 Bad input is answered the way the OpenAI API answers it (``{"error": {...}}`` with a 4xx), so agent
 frameworks surface a readable message; only a bug in the gateway gives a 500.

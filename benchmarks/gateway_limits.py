@@ -1,0 +1,183 @@
+"""Does one huge request stall the gateway? Small-call latency and the gateway's RSS while a 30 MB prompt is refused.
+
+Issue 26.4 measured, before the limits: a 10 MB prompt delayed a concurrent 4-token request by
+10.6 s, 30 MB took 25.5 s to be refused, and the gateway's RSS rose 0.8 -> 1.9 GB and stayed there.
+
+This starts ``lightning-rl gateway serve --model tiny`` as its own process, sends small chat calls
+(2 tokens) back to back and, meanwhile, one chat call whose prompt is ``--mb`` MB of text. Two
+configurations: the default body limit (the big body is answered 413 from its ``Content-Length``)
+and ``--max-body-mb 64`` (the body is read, then refused by the length bound before tokenising).
+Reported per configuration: the big call's status and time, the small calls' latency while it was
+in flight (median, max), and the gateway's RSS before, at its peak and 2 s after.
+
+    uv run python benchmarks/gateway_limits.py            # the table in benchmarks/README.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+SMALL: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class _RssSampler:
+    """The highest RSS of ``pid`` seen by a thread sampling every 10 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_mb(self.pid))
+            time.sleep(0.01)
+
+    def __enter__(self) -> _RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Result:
+    config: str
+    status: int
+    big_s: float
+    small_n: int
+    small_p50_ms: float
+    small_max_ms: float
+    baseline_p50_ms: float
+    rss_before: float
+    rss_peak: float
+    rss_after: float
+
+
+async def _small_calls(http: httpx.AsyncClient, url: str, stop: asyncio.Event) -> list[float]:
+    latencies: list[float] = []
+    while not stop.is_set():
+        start = time.perf_counter()
+        r = await http.post(f"{url}/v1/chat/completions", json=SMALL)
+        r.raise_for_status()
+        latencies.append((time.perf_counter() - start) * 1000)
+    return latencies
+
+
+async def _measure(name: str, extra: list[str], mb: float) -> Result:
+    port = _free_port()
+    cmd = [sys.executable, "-c", "from lightning_rl.cli import main; main()", "gateway", "serve", "--model", "tiny"]
+    proc = subprocess.Popen([*cmd, "--port", str(port), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(timeout=300) as http, httpx.AsyncClient(timeout=300) as big_http:
+            for _ in range(600):
+                try:
+                    if (await http.get(f"{url}/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError("the gateway did not start")
+            stop = asyncio.Event()
+            warm = asyncio.create_task(_small_calls(http, url, stop))
+            await asyncio.sleep(2.0)
+            stop.set()
+            baseline = await warm
+            rss_before = _rss_mb(proc.pid)
+            text = "weather " * int(mb * 1_000_000 / 8)
+            body = {"messages": [{"role": "user", "content": text}], "max_tokens": 2}
+            with _RssSampler(proc.pid) as rss:
+                stop = asyncio.Event()
+                small = asyncio.create_task(_small_calls(http, url, stop))
+                await asyncio.sleep(0.2)
+                start = time.perf_counter()
+                big = await big_http.post(f"{url}/v1/chat/completions", json=body)
+                big_s = time.perf_counter() - start
+                stop.set()
+                during = await small
+                await asyncio.sleep(2.0)
+            rss_after = _rss_mb(proc.pid)
+            return Result(
+                name,
+                big.status_code,
+                big_s,
+                len(during),
+                statistics.median(during),
+                max(during),
+                statistics.median(baseline),
+                rss_before,
+                rss.peak,
+                rss_after,
+            )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=float, default=30.0, help="Size of the big prompt in MB (default 30).")
+    args = parser.parse_args()
+    configs = [("default (16 MiB body limit)", []), ("--max-body-mb 64 (length bound)", ["--max-body-mb", "64"])]
+    results = [asyncio.run(_measure(name, extra, args.mb)) for name, extra in configs]
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    cpu = platform.processor() or platform.machine()
+    print(
+        f"Generated {when} at commit `{_commit()}` by `uv run python benchmarks/gateway_limits.py"
+        f"{'' if args.mb == 30.0 else f' --mb {args.mb:g}'}` ({cpu}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}); big prompt: {args.mb:g} MB.\n"
+    )
+    print(
+        "| configuration | big call | answered in | small calls during it | small p50 / max | "
+        "small p50 before | RSS before / peak / 2 s after |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(
+            f"| {r.config} | {r.status} | {r.big_s * 1000:.0f} ms | {r.small_n} | "
+            f"{r.small_p50_ms:.1f} / {r.small_max_ms:.1f} ms | {r.baseline_p50_ms:.1f} ms | "
+            f"{r.rss_before:.0f} / {r.rss_peak:.0f} / {r.rss_after:.0f} MB |"
+        )
+
+
+if __name__ == "__main__":
+    main()
