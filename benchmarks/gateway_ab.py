@@ -80,9 +80,9 @@ def main() -> None:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
             procs.append(proc)
             assert proc.stdout is not None
-            attempt = proc.stdout.readline().split()[1]
+            _, attempt, key = proc.stdout.readline().split()
             bench._wait_ready(f"http://127.0.0.1:{port}/health", 300)  # pyright: ignore[reportPrivateUsage]
-            url = f"http://127.0.0.1:{port}/rollouts/bench/attempts/{attempt}/v1/chat/completions"
+            url = f"http://127.0.0.1:{port}/rollouts/bench/attempts/{attempt}/key/{key}/v1/chat/completions"
             gateways.append((proc, url))
         if args.instructions:
             counts: list[list[float]] = [[], []]

@@ -88,7 +88,7 @@ def serve_gateway(port: int, upstream: str, store_url: str) -> None:
         await store.enqueue([RolloutRequest(id="bench", task=Task(input=0))])
         [claim] = await store.claim("bench-worker")
         app = create_gateway_app(UpstreamBackend(upstream, model="fake-model"), store=store)
-        print(f"ATTEMPT {claim.attempt.id}", flush=True)
+        print(f"ATTEMPT {claim.attempt.id} {claim.attempt.gateway_key}", flush=True)
         server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, log_level="warning"))
         freeze_startup_heap()  # as the CLI does
         await server.serve()
@@ -352,13 +352,13 @@ def main() -> None:
         _wait_ready(f"{upstream}/v1/models")
         procs.append(_spawn("--serve-gateway", str(gw_port), upstream, store_url))
         assert procs[1].stdout is not None
-        attempt = procs[1].stdout.readline().split()[1]
+        _, attempt, key = procs[1].stdout.readline().split()
         gateway = f"http://127.0.0.1:{gw_port}"
         _wait_ready(f"{gateway}/health")
         pids = {"upstream": procs[0].pid, "gateway": procs[1].pid}
         urls = {
             "direct": f"{upstream}/v1/chat/completions",
-            "gateway": f"{gateway}/rollouts/bench/attempts/{attempt}/v1/chat/completions",
+            "gateway": f"{gateway}/rollouts/bench/attempts/{attempt}/key/{key}/v1/chat/completions",
             "gateway, not recorded": f"{gateway}/v1/chat/completions",
         }
         if args.reference:

@@ -82,7 +82,8 @@ async def test_sync_and_async_agents_run_in_their_rollout(store: LightningStore,
         assert attempt.worker_id == runner.worker_id and attempt.reward == i / 10
         llm: LLM = seen[i]["llm"]
         assert (seen[i]["rollout"], seen[i]["attempt"]) == (rid, attempt.id)
-        assert llm.base_url == f"http://127.0.0.1:4748/rollouts/{rid}/attempts/{attempt.id}/v1"
+        key = attempt.gateway_key
+        assert key and llm.base_url == f"http://127.0.0.1:4748/rollouts/{rid}/attempts/{attempt.id}/key/{key}/v1"
         assert (llm.model, dict(llm.sampling), llm.resources_version) == ("tiny", {"temperature": 0.7}, 1)
         assert seen[i]["thread"] is (kind == "async")  # sync agents run off the event loop's thread
         spans = await store.query_spans(attempt_id=attempt.id)
