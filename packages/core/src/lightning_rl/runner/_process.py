@@ -81,11 +81,15 @@ async def _worker(args: argparse.Namespace, agent: AgentFn) -> int:
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
 
+    received: list[int] = []
+
     def on_signal(signum: int, _frame: object) -> None:
         # A plain signal handler, not loop.add_signal_handler: it runs even while an agent blocks
-        # the event loop, so a second Ctrl-C always ends the process as documented.
+        # the event loop, so a second Ctrl-C always ends the process as documented. (It counts the
+        # signals itself: a blocked loop has not run the first one's stop.set yet.)
         name = signal.Signals(signum).name
-        if stop.is_set():
+        received.append(signum)
+        if len(received) > 1 or stop.is_set():
             _log.warning("second %s: stopping now; running attempts will be timed out by the store", name)
             if main_task is not None:
                 loop.call_soon_threadsafe(main_task.cancel)
