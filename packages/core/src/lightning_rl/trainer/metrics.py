@@ -1,4 +1,4 @@
-"""Where training metrics go: ``metrics.jsonl`` always, TensorBoard when installed, a reward curve PNG.
+"""Where training metrics go: ``metrics.jsonl`` always, the chosen sinks (TensorBoard, W&B, MLflow), a PNG.
 
 One line of JSON per step keeps runs greppable and diffable; the PNG is drawn at the end (and on
 every validation) so a run folder shows at a glance whether the reward rose.
@@ -14,11 +14,12 @@ import json
 import logging
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lightning_rl import semconv
+from lightning_rl.trainer.sinks import MetricSink, TensorBoardSink, open_sinks
 from lightning_rl.types import Span
 
 __all__ = [
@@ -38,19 +39,37 @@ log = logging.getLogger(__name__)
 
 
 class MetricsLogger:
-    """Appends metric dicts to ``<run>/metrics.jsonl`` and mirrors them to TensorBoard if available."""
+    """Appends metric dicts to ``<run>/metrics.jsonl`` and mirrors them to the chosen sinks.
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
+    Args:
+        run_dir: The run folder.
+        tensorboard: With ``loggers=None``, mirror to TensorBoard when it is installed (silently
+            skipped otherwise: the historical default).
+        loggers: Sinks to mirror to (``tensorboard``, ``wandb``, ``mlflow``); each must be installed
+            (``MissingExtraError`` names the pip command). None: TensorBoard as above.
+        config: The run's configuration, recorded by W&B and MLflow.
+        logger_options: Per-sink settings (see :mod:`lightning_rl.trainer.sinks`).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = True,
+        loggers: Sequence[str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        logger_options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.run_dir = run_dir
         self.history: list[dict[str, float]] = []
-        self._tb: Any = None
-        if tensorboard:
+        self.sinks: list[MetricSink] = []
+        if loggers is not None:
+            self.sinks = open_sinks(loggers, run_dir, config=config, options=logger_options)
+        elif tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter  # pyright: ignore[reportMissingImports]
-
-                self._tb = SummaryWriter(str(run_dir / "tensorboard"))
-            except Exception:  # tensorboard is optional; its absence is not an error
+                self.sinks = [TensorBoardSink(run_dir)]
+            except Exception:  # tensorboard is optional by default; its absence is not an error
                 log.debug("tensorboard not available; logging to metrics.jsonl only")
 
     def log(self, metrics: dict[str, float]) -> None:
@@ -58,15 +77,14 @@ class MetricsLogger:
         self.history.append(row)
         with self.path.open("a") as fh:
             fh.write(json.dumps(row, allow_nan=True) + "\n")
-        if self._tb is not None:
-            step = int(row.get("step", len(self.history)))
-            for key, value in row.items():
-                if key != "step" and isinstance(value, float) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
+        step = int(row.get("step", len(self.history)))
+        for sink in self.sinks:
+            sink.log(row, step)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()
 
 
 def plot_reward_curve(history: list[dict[str, float]], path: Path) -> Path | None:
