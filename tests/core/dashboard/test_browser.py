@@ -31,7 +31,8 @@ def _expected(run: Path) -> tuple[list[Rollout], Rollout, dict[str, Any]]:
         store = SQLiteStore(run / "store.sqlite")
         try:
             rollouts = await store.query_rollouts(limit=1000)
-            chosen = next(r for r in rollouts if r.mode == "train")
+            # a train rollout that succeeded (on a loaded machine the runner's watchdog may fail one)
+            chosen = next(r for r in rollouts if r.mode == "train" and r.status.value == "succeeded")
             group = await store.query_rollouts(group_id=chosen.group_id, limit=100)
             collected = await collect_samples(store, group, trainable=None, air=air)
             transitions = compute_advantages(collected.samples)

@@ -14,21 +14,24 @@ from rich.console import Console
 from lightning_rl.cli import main
 from lightning_rl.dashboard._inspect import run_inspect
 from lightning_rl.store.sqlite import SQLiteStore
-from lightning_rl.types import AttemptStatus, RolloutRequest, Task
+from lightning_rl.types import AttemptStatus, RolloutRequest, RolloutStatus, Task
 
 
 def _ids(run: Path) -> list[str]:
     async def go() -> list[str]:
         store = SQLiteStore(run / "store.sqlite")
         try:
-            return [r.id for r in await store.query_rollouts(mode="train", limit=100)]
+            return [r.id for r in await store.query_rollouts(mode="train", status=[RolloutStatus.SUCCEEDED], limit=100)]
         finally:
             await store.close()
 
     return asyncio.run(go())
 
 
-def test_rollouts_rollout_and_transitions(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rollouts_rollout_and_transitions(
+    trained_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # rich would squeeze the table to 80 columns when captured
     store = str(trained_run / "store.sqlite")
     assert main(["inspect", "rollouts", "--store", store, "--mode", "val", "--limit", "100"]) == 0
     out = capsys.readouterr().out
