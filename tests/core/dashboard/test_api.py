@@ -155,3 +155,12 @@ def test_bad_filters_say_what_to_do() -> None:
         RolloutFilter(status=frozenset({"done"}))
     with pytest.raises(InvalidRequestError, match="train, val or test"):
         RolloutFilter(mode="eval")
+
+
+def test_the_page_ships_in_the_package_and_loads_nothing_from_elsewhere() -> None:
+    from lightning_rl.dashboard.app import static_dir
+
+    files = {p.name: p.read_text() for p in static_dir().iterdir()}
+    assert {"index.html", "app.js", "app.css"} <= set(files)
+    for name, text in files.items():
+        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text, name
