@@ -184,7 +184,11 @@ async def test_any_model_name_is_served_inside_a_rollout(gateway: Gateway, engin
         by_header = await http.post(
             f"{gateway.v1}/chat/completions",
             json=body,
-            headers={"X-Lightning-Rollout": rollout, "X-Lightning-Attempt": attempt},
+            headers={
+                "X-Lightning-Rollout": rollout,
+                "X-Lightning-Attempt": attempt,
+                "X-Lightning-Key": str(claim.attempt.gateway_key),
+            },
         )
     for r in (by_url, by_header):
         assert r.status_code == 200, r.text
