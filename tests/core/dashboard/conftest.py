@@ -44,6 +44,12 @@ def train_small_run(run_dir: Path) -> Path:
         backend=TorchBackendConfig(lr=1e-2, old_logprobs="sampled"),
     )
     tasks = [Task(input={"q": f"say something about {w}"}) for w in ("cats", "dogs", "rain")]
+    # The openai client imports many modules on first use; on a loaded machine that alone can pass the
+    # runner's blocked-loop watchdog inside the first rollouts (which it then interrupts): import them now.
+    import openai
+
+    warm = openai.AsyncOpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1")
+    _ = (warm.chat.completions, warm.responses, warm.beta, warm.completions)
     Trainer(cfg).fit(two_role_agent, tasks, val_tasks=tasks[:2])
     return run_dir
 
