@@ -50,6 +50,7 @@ def train_small_run(run_dir: Path) -> Path:
 
     warm = openai.AsyncOpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1")
     _ = (warm.chat.completions, warm.responses, warm.beta, warm.completions)
+    asyncio.run(warm.close())
     Trainer(cfg).fit(two_role_agent, tasks, val_tasks=tasks[:2])
     return run_dir
 
