@@ -3,7 +3,7 @@
 ``lightning-rl dashboard --store runs/demo/store.sqlite`` serves the page; ``lightning-rl inspect``
 shows the same views in a terminal. Both read through the store's public API and replay the
 trainer's own adapter and credit assignment, so a rollout's transitions, AIR rewards and advantages
-are the ones training used. The web server needs the ``server`` extra (FastAPI, uvicorn); it is
+are the ones training used. The web server needs the ``dashboard`` extra (FastAPI, uvicorn, rich); it is
 imported only by ``lightning_rl.dashboard.app`` / ``.serve``, so importing this package stays light.
 """
 

@@ -94,7 +94,7 @@ def _dashboard(args: argparse.Namespace) -> int:
             f"refusing to serve the dashboard on {args.host} without a token: anyone who can reach it could read "
             f"your prompts and rollouts. Pass --token SECRET (or set {TOKEN_ENV}), or bind 127.0.0.1."
         )
-    _need(("fastapi", "uvicorn"), "server")
+    _need(("fastapi", "uvicorn"), "dashboard")
     from lightning_rl.dashboard.serve import serve_dashboard
 
     def ready(url: str) -> None:
@@ -117,7 +117,7 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    _need(("rich",), "train")
+    _need(("rich",), "dashboard")
     from lightning_rl.dashboard._inspect import run_inspect
 
     return asyncio.run(run_inspect(args))
