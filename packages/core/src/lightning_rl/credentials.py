@@ -142,7 +142,8 @@ DEFAULT_SECRET_PATTERN = (
     r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"  # Slack tokens
     r"|\bAKIA[0-9A-Z]{16}\b"  # AWS access key ids
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # JSON web tokens
-    r"|(?i:api[_-]?key|secret|token|password|passwd|authorization)[\"']?\s*[:=]\s*[\"']?[^\s\"',;&]{4,}"
+    r"|(?i:api[_-]?key|secret|token|password|passwd|authorization)[\"']?\s*[:=]\s*[\"']?"
+    r"(?:(?i:bearer|basic|token)\s+)?[^\s\"',;&]{4,}"  # key = value, key: "value", Authorization: Bearer x
     r"|(?<=://)[^/\s:@]+:[^/\s@]+(?=@)"  # user:password in a URL
 )
 """What ``redact`` replaces by default: values that look like keys, tokens or passwords."""
