@@ -43,7 +43,9 @@ def register(subparsers: Any) -> None:
     serve.add_argument(
         "--token", default=None, help=f"Bearer token (API key) every request must carry (default: ${TOKEN_ENV})."
     )
-    serve.add_argument("--store-token", default=None, help="Bearer token of an HTTP store.")
+    serve.add_argument(
+        "--store-token", default=None, help="Bearer token of an HTTP store (default: $LIGHTNING_STORE_TOKEN[_FILE])."
+    )
     serve.add_argument(
         "--device", default=None, help="Torch device of the embedded engine (default: cuda if available)."
     )
@@ -112,9 +114,10 @@ async def _run(args: argparse.Namespace, token: str | None) -> None:
 
     store = None
     if args.store:
+        from lightning_rl.credentials import STORE_TOKEN_ENV, resolve_token
         from lightning_rl.store import open_store
 
-        store = await open_store(args.store, token=args.store_token)
+        store = await open_store(args.store, token=resolve_token(STORE_TOKEN_ENV, flag=args.store_token))
     backend: GatewayBackend
     if args.upstream_url:
         backend = UpstreamBackend(args.upstream_url, args.upstream_api_key, model=args.upstream_model)
