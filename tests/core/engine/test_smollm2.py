@@ -250,7 +250,7 @@ async def test_one_update_step_moves_the_trained_tokens_logprobs_the_right_way(
 # -- last, because it changes the served weights (restored afterwards) ------------------------------
 
 
-@pytest.mark.slow  # eight SFT steps on a 310-token prompt: about 70 CPU-seconds
+@pytest.mark.slow  # eight SFT steps over the whole tools prompt: the slowest test here
 async def test_a_taught_tool_call_is_sampled_parsed_and_recorded_with_the_exact_ids(
     folder: Path, engine: TransformersEngine, served: tuple[str, Any]
 ) -> None:
