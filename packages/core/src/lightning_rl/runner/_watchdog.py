@@ -16,7 +16,8 @@ and the loop, the heartbeats and the other rollouts go on. An agent that swallow
 blocks again is interrupted again after another ``block_timeout_s``.
 
 It never interrupts anything but an agent: a block elsewhere (a library callback, the runner
-itself) is only logged. ``SIGUSR2`` is used only when nobody else handles it.
+itself, a host running other work on the loop) is only logged, at info level. ``SIGUSR2`` is
+used only when nobody else handles it.
 """
 
 from __future__ import annotations
@@ -152,9 +153,8 @@ class LoopWatchdog:
         where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         info = self._agent_on(frame)
         if info is None:
-            _log.warning(
-                "the runner's event loop has been blocked for %.1f s at %s (not in an agent)", blocked_s, where
-            )
+            # Not an agent (e.g. a host that runs other work on this loop): worth knowing, not alarming.
+            _log.info("the runner's event loop has been blocked for %.1f s at %s (not in an agent)", blocked_s, where)
             return
         message = (
             f"async agent {info.agent} blocked the runner's event loop for {blocked_s:.1f} s "
