@@ -94,12 +94,16 @@ async def _calculator(engine: TransformersEngine, n_prompts: int, samples: int) 
             calls = [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
             parsed_calls += bool(calls)
             right_operation += any(a.get("operation") == data["operation"] for _, a in calls)
-            reward = await calculator_agent(data, llm)
-            rewards.append(reward)
-            print(f"  {data['question']!r} -> {first.text!r} | calls {calls} | reward {reward}")
+            try:
+                reward: float | str = await calculator_agent(data, llm)
+                rewards.append(float(reward))
+            except Exception as exc:  # e.g. the agent's 120 s client timeout on a machine too busy to answer
+                reward = f"agent failed: {type(exc).__name__}"
+            print(f"  {data['question']!r} -> {first.text!r} | calls {calls} | reward {reward}", flush=True)
     print(
         f"base model, greedy, {len(held_out)} held-out questions: parseable tool call {parsed_calls}/{len(held_out)}, "
-        f"right operation {right_operation}/{len(held_out)}, mean reward {statistics.fmean(rewards):.2f}"
+        f"right operation {right_operation}/{len(held_out)}, mean reward "
+        f"{statistics.fmean(rewards) if rewards else float('nan'):.2f} over {len(rewards)} finished agents"
     )
     if samples:
         prompts = [
