@@ -17,6 +17,7 @@ on another. ``--readme FILE`` replaces the text between ``<!-- learning:begin --
     uv run python benchmarks/learning.py --seeds 0-4                      # the README's table
     uv run python benchmarks/learning.py --seeds 0 --repeat 3             # run-to-run spread of one seed
     uv run python benchmarks/learning.py --seeds 0-4 --threads 1          # another thread count
+    uv run python benchmarks/learning.py --paste runs/learning/learning.md --readme README.md  # paste an earlier run
 """
 
 from __future__ import annotations
@@ -196,8 +197,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default="runs/learning", help="folder for the runs, table, plot and json")
     ap.add_argument("--readme", default=None, help="replace the learning block of this file with the table")
+    ap.add_argument(
+        "--paste",
+        default=None,
+        metavar="LEARNING_MD",
+        help="run nothing: paste this earlier output (a learning.md) into --readme, unchanged",
+    )
     ap.add_argument("demo_args", nargs="*", help="extra arguments for `lightning-rl demo` (after --)")
     args = ap.parse_args(argv)
+    if args.paste:
+        if not args.readme:
+            raise SystemExit("--paste needs --readme FILE: the file whose learning block gets the table")
+        update_readme(Path(args.readme), Path(args.paste).read_text())
+        return 0
     if args.repeat < 1:
         raise SystemExit("--repeat must be >= 1")
     out = Path(args.out)
