@@ -58,7 +58,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between claims when idle")
     parser.add_argument("--heartbeat-interval", type=float, default=5.0, help="longest seconds between heartbeats")
     parser.add_argument(
-        "--timeout", type=float, default=None, help="timeout in seconds for rollouts whose config sets none"
+        "--timeout",
+        type=float,
+        default=None,
+        help="timeout in seconds for rollouts whose config sets none; sent with each claim, so the store enforces "
+        "it even if this worker dies",
     )
     parser.add_argument("--until-idle", action="store_true", help="exit once the queue is empty and nothing runs")
     parser.add_argument(
