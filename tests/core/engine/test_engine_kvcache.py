@@ -159,6 +159,10 @@ def test_keep_and_stack_move_only_the_window() -> None:
     assert columns.data.tolist() == [[0, 0, 0, 1], [0, 0, 1, 1], [1, 1, 1, 1]]
     columns.stack(torch.tensor([[1]]))
     assert columns.data.tolist()[-1] == [0, 0, 0, 1]
+    columns.stack(torch.tensor([[0, 1], [1, 1]]), rows=torch.tensor([1, 0, 1]))  # rows repeated, once copied
+    assert columns.data.tolist()[-3:] == [[0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 1, 1]]
+    selected = ColumnBuffer(torch.tensor([[0, 1], [1, 1]]), 1, rows=torch.tensor([1, 1, 0]))
+    assert selected.data.tolist() == [[1, 1], [1, 1], [0, 1]] and selected.capacity == MIN_CAPACITY
     assert capacity_for(1) == MIN_CAPACITY and capacity_for(65) == 128 and capacity_for(128) == 128
 
 

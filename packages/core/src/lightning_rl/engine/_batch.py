@@ -96,17 +96,24 @@ class KVBatch:
         self._join(out.past_key_values, mask)
         return out.logits[:, -1, :]
 
-    def _join(self, cache: Any, mask: torch.Tensor) -> None:
-        """Add a prefill's rows (its cache and ``[n, L]`` mask) after the running ones."""
+    def _join(self, cache: Any, mask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Add a prefill's rows (its cache and ``[n, L]`` mask; or its rows ``rows``, repeats allowed,
+        copied once into the running cache) after the running ones."""
+        plain = self._plain_layers(cache)
         if self._cache is None or self._mask is None:
-            self._cache = GrowingCache.from_layers(cache.layers) if self._plain_layers(cache) else cache
-            self._mask = ColumnBuffer(mask, 1)
+            if plain:
+                self._cache = GrowingCache.from_layers(cache.layers, rows)
+            else:
+                if rows is not None:
+                    cache.batch_select_indices(rows)
+                self._cache = cache
+            self._mask = ColumnBuffer(mask, 1, rows=rows)
             return
-        if not (isinstance(self._cache, GrowingCache) and self._plain_layers(cache)):
+        if not (isinstance(self._cache, GrowingCache) and plain):
             raise RuntimeError("cannot merge KV caches of this kind; the scheduler must wait for the batch to drain")
         for layer, new in zip(self._cache.layers, cache.layers, strict=True):
-            layer.stack(new.keys, new.values)
-        self._mask.stack(mask)
+            layer.stack(new.keys, new.values, rows)
+        self._mask.stack(mask, rows)
 
     def decode(self, next_tokens: Sequence[int]) -> torch.Tensor:
         """Feed one token per row and return the next-token logits ``[B, V]``."""

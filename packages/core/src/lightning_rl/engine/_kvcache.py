@@ -39,12 +39,16 @@ class ColumnBuffer:
     writes after ``end``, ``keep`` moves the window's kept rows into a new buffer.
     """
 
-    def __init__(self, data: torch.Tensor, dim: int, *, room: int = 1) -> None:
+    def __init__(self, data: torch.Tensor, dim: int, *, rows: torch.Tensor | None = None, room: int = 1) -> None:
         self.dim = dim
-        self._buffer = data  # replaced by _adopt
+        self._buffer = data  # replaced below
         self._start = 0
         self._end = 0
-        self._adopt(data, room)
+        if rows is None:
+            self._adopt(data, room)
+        else:  # an empty buffer, then the selected rows
+            self._buffer = data.narrow(0, 0, 0)
+            self.stack(data, rows)
 
     @property
     def data(self) -> torch.Tensor:
@@ -88,16 +92,22 @@ class ColumnBuffer:
         torch.index_select(window, 0, rows, out=buffer.narrow(self.dim, 0, columns))
         self._buffer, self._start, self._end = buffer, 0, columns
 
-    def stack(self, other: torch.Tensor) -> None:
-        """Append ``other``'s rows after these, both right-aligned (left-padded with zeros) to the
-        wider of the two windows."""
+    def stack(self, other: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Append ``other``'s rows (or its rows ``rows``, repeats allowed) after these, both
+        right-aligned (left-padded with zeros) to the wider of the two windows."""
         mine = self.data
-        width = max(self.columns, int(other.shape[self.dim]))
-        rows = int(mine.shape[0])
-        buffer = self._fresh(mine, rows + int(other.shape[0]), width + 1, zeros=True)
-        buffer.narrow(0, 0, rows).narrow(self.dim, width - self.columns, self.columns).copy_(mine)
         width_other = int(other.shape[self.dim])
-        buffer.narrow(0, rows, int(other.shape[0])).narrow(self.dim, width - width_other, width_other).copy_(other)
+        width = max(self.columns, width_other)
+        count = int(mine.shape[0])
+        added = int(other.shape[0]) if rows is None else int(rows.shape[0])
+        padded = (count > 0 and self.columns < width) or width_other < width
+        buffer = self._fresh(mine, count + added, width + 1, zeros=padded)
+        buffer.narrow(0, 0, count).narrow(self.dim, width - self.columns, self.columns).copy_(mine)
+        target = buffer.narrow(0, count, added).narrow(self.dim, width - width_other, width_other)
+        if rows is None:
+            target.copy_(other)
+        else:
+            torch.index_select(other, 0, rows, out=target)
         self._buffer, self._start, self._end = buffer, 0, width
 
 
@@ -108,12 +118,12 @@ class GrowingLayer(DynamicLayer):
     changes rows and columns only through ``keep`` and ``stack``.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None = None) -> None:
         super().__init__()
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
-        self._keys = ColumnBuffer(keys, 2)
-        self._values = ColumnBuffer(values, 2)
+        self._keys = ColumnBuffer(keys, 2, rows=rows)
+        self._values = ColumnBuffer(values, 2, rows=rows)
         self._expose()
 
     def _expose(self) -> None:
@@ -131,9 +141,9 @@ class GrowingLayer(DynamicLayer):
         self._values.keep(rows, drop_left)
         self._expose()
 
-    def stack(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self._keys.stack(keys)
-        self._values.stack(values)
+    def stack(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        self._keys.stack(keys, rows)
+        self._values.stack(values, rows)
         self._expose()
 
     def crop(self, max_length: int) -> None:
@@ -155,6 +165,7 @@ class GrowingCache(Cache):
         super().__init__(layers=list(layers))
 
     @classmethod
-    def from_layers(cls, layers: Sequence[Any]) -> GrowingCache:
-        """Copy a prefill's ``DynamicLayer``s (their ``keys`` / ``values``) into growing layers."""
-        return cls([GrowingLayer(layer.keys, layer.values) for layer in layers])
+    def from_layers(cls, layers: Sequence[Any], rows: torch.Tensor | None = None) -> GrowingCache:
+        """Copy a prefill's ``DynamicLayer``s (their ``keys`` / ``values``, or their rows ``rows``)
+        into growing layers."""
+        return cls([GrowingLayer(layer.keys, layer.values, rows) for layer in layers])

@@ -78,11 +78,11 @@ class SharedPrefixBatch(KVBatch):
             self.last_computed_tokens, self.last_saved_tokens = total, 0
             return super().prefill(prompts)
         cache, mask, logits = self._run(unique, shared)
-        if len(unique) < len(prompts):
+        index = None
+        if len(unique) < len(prompts):  # duplicates: their rows are copied once, into the running cache
             index = torch.tensor(rows, dtype=torch.long, device=self._device)
-            cache.batch_select_indices(index)
-            mask, logits = mask.index_select(0, index), logits.index_select(0, index)
-        self._join(cache, mask)
+            logits = logits.index_select(0, index)
+        self._join(cache, mask, index)
         self.last_computed_tokens, self.last_saved_tokens = computed, total - computed
         return logits
 
