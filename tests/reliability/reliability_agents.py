@@ -41,3 +41,15 @@ async def leaks_a_key(task: dict[str, Any], llm: LLM) -> float:
         "upstream answered 401 to POST https://admin:hunter2secret@api.example.com/v1 with "
         "Authorization: Bearer sk-proj-abcdefghijklmnopqrstuvwx and api_key=AKIAABCDEFGHIJKLMNOP"
     )
+
+
+async def calls_the_model(task: dict[str, Any], llm: LLM) -> float:
+    """One real model call through the rollout's gateway URL; the reward is a function of the reply."""
+    client = llm.async_openai_client(max_retries=2)
+    try:
+        reply = await client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": task["q"]}], **dict(llm.sampling)
+        )
+    finally:
+        await client.close()
+    return (len(reply.choices[0].message.content or "") % 5) / 4
