@@ -30,7 +30,9 @@ def register(subparsers: Any) -> None:
     )
     source = serve.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--model", help="'tiny' (the offline tiny model, built once and cached) or a Hugging Face model folder."
+        "--model",
+        help="'tiny' (the offline tiny model, built once and cached), 'smollm2-135m' (SmolLM2-135M-Instruct, "
+        "extra smollm2), a .gguf file or a Hugging Face model folder.",
     )
     source.add_argument("--upstream-url", help="An OpenAI-compatible server to forward to (vLLM keeps tokens exact).")
     serve.add_argument("--upstream-api-key", default=None, help="API key for the upstream server.")
@@ -96,8 +98,13 @@ def _engine(model: str, device: str | None) -> Any:
         from lightning_rl.engine.tiny import default_tiny_model
 
         model = str(default_tiny_model())
+    elif model == "smollm2-135m" or model.lower().endswith(".gguf"):
+        pass  # located and converted once to a cached folder by from_pretrained (lightning_rl.engine.models)
     elif not os.path.isdir(model):
-        raise ValueError(f"--model {model!r} is neither 'tiny' nor a folder holding a Hugging Face model.")
+        raise ValueError(
+            f"--model {model!r} is neither 'tiny', 'smollm2-135m', a .gguf file nor a folder holding a Hugging Face "
+            "model."
+        )
     if device is None:
         import torch
 
