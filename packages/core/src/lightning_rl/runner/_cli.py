@@ -50,9 +50,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--block-timeout",
         type=float,
-        default=10.0,
+        default=30.0,
         help="seconds an async agent may block the event loop (e.g. time.sleep) before the watchdog interrupts it "
-        "with an error naming it; 0 disables the watchdog (default 10)",
+        "with an error naming it; 0 disables the watchdog (default 30)",
     )
     parser.add_argument("--worker-id", default=None, help="worker name in the store (default host-pid-xxxx)")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between claims when idle")

@@ -161,7 +161,9 @@ class Runner:
         flush_timeout_s: How long to wait for an attempt's spans to reach the store before reporting it.
         block_timeout_s: How long an async agent may block the event loop before the watchdog
             interrupts it with ``AgentBlockedError`` (None: no watchdog). Must stay well under the
-            heartbeat timeout, or the runner's other attempts are declared lost meanwhile.
+            heartbeat timeout, or the runner's other attempts are declared lost meanwhile. The default
+            (30 s, half the default heartbeat timeout) leaves room for a slow first import on a loaded
+            machine: at 10 s the watchdog interrupted agents stuck in ``ssl.create_default_context``.
         redact_errors: Replace what looks like keys, tokens or passwords in the error text stored
             for a failed attempt: True for ``lightning_rl.credentials.DEFAULT_SECRET_PATTERN``, or
             a regular expression of your own.
@@ -179,7 +181,7 @@ class Runner:
         default_timeout_s: float | None = None,
         span_writer: SpanWriter | None = None,
         flush_timeout_s: float = 10.0,
-        block_timeout_s: float | None = 10.0,
+        block_timeout_s: float | None = 30.0,
         redact_errors: bool | str = False,
     ) -> None:
         if concurrency < 1:
