@@ -6,11 +6,10 @@ passes ``enable_gqa=True`` to ``torch.nn.functional.scaled_dot_product_attention
 no attention mask, because on CUDA a mask sends SDPA to its math kernel; with a mask (any padded
 batch, so every decode step of the engine) it first materialises the repeated heads
 (``repeat_kv``: a copy of the whole cache, twice, per layer and step). On CPU, SDPA's flash kernel
-takes a mask and GQA together and indexes the shared head instead: for the demo's 128-row decode
-step that attention went from 9.7 to 0.7 ms per layer, with bit-identical outputs (the kernel does
-the same arithmetic on the same numbers; measured, and the engine tests compare against a full
-forward pass). Everywhere else (no mask, another device, one query head per key head) this defers
-to transformers' ``sdpa`` unchanged.
+takes a mask and GQA together and indexes the shared head instead, with bit-identical outputs (the
+kernel does the same arithmetic on the same numbers; ``tests/core/engine/test_engine_kvcache.py``
+compares with ``torch.equal``). Everywhere else (no mask, another device, one query head per key
+head) this defers to transformers' ``sdpa`` unchanged.
 
 ``use_gqa_attention`` switches a model that uses ``sdpa`` to this function; it is registered under
 ``ATTENTION`` with ``sdpa``'s mask builder, which transformers looks up by the same name.

@@ -1,10 +1,12 @@
 """A KV cache that grows in place: spare columns reserved on the right, doubled when they run out.
 
 transformers' ``DynamicLayer`` appends a decode step's keys and values with ``torch.cat``, which copies
-the whole cache on every step: with the demo's 128 rows that copy was 41% of a decode step. Here each
-layer's keys and values live in a buffer with room for more columns; a step writes its column in
-place and the layer exposes a view of the filled window, so a step copies one column, and a full
-copy happens only when the room runs out (the capacity then doubles: amortised O(1) per token).
+the whole cache on every step: with the demo's 128 rows that ``cat`` was 13% of a decode step (and
+the attention's per-head copy another 25%, see ``_attention``; ``benchmarks/engine_decode_step.py
+--profile``). Here each layer's keys and values live in a buffer with room for more columns; a
+step writes its column in place and the layer exposes a view of the filled window, so a step copies
+one column, and a full copy happens only when the room runs out (the capacity then doubles:
+amortised O(1) per token). The price is memory: up to twice the filled window per buffer.
 
 The same structure holds the batch's attention mask (``ColumnBuffer`` over dim 1), and the two
 operations of continuous batching work on the window only: ``keep`` copies the rows that stay (and
