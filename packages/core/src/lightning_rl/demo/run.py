@@ -94,10 +94,9 @@ class DemoConfig:
     sft_lr: float = 1e-3
     habit_lr: float = 1e-3
     rl_lr: float = 3e-4
-    """GRPO's learning rate. At 1e-3 one update could move the tool-call rate from 0.3 to 0.9 and break the
-    report skill with it (training reward 0.27 -> 0.02): the same warm start then gained +0.02, +0.26 or
-    +0.36 in three runs of the quick configuration; at 3e-4 it gained +0.92 to +1.00 in four, at 1e-4
-    +0.82 to +0.94 (docs/learning.md)."""
+    """GRPO's learning rate. At 1e-3 one update could take the tool-call rate from 0.77 to 0 (and keep it
+    there) or break the report skill: on one warm start, four runs of the quick configuration gained
+    +0.00 to +0.76; at 3e-4 they gained +0.78 to +0.94 (``benchmarks/rl_phase.py``, docs/learning.md)."""
     temperature: float = 1.0
     val_temperature: float = 0.0
     """Held-out tasks are decoded greedily: the score is then a property of the weights, not of the draw."""
