@@ -8,10 +8,10 @@ seed and fails if the held-out gain falls below ``MIN_GAIN``.
 Why that threshold: half the mean gain measured for this configuration over seeds 0-4 (+0.88 with one
 torch thread at b7c259c, every seed between +0.80 and +0.94; see ``MEASURED`` and benchmarks/README.md,
 "Learning"). Repeating the RL phase of seed 0 four times (one thread) gave +0.78 to +0.94
-(``benchmarks/rl_phase.py``); the default demo gained +0.86 to +0.98 with two threads. So ordinary run-to-run and CPU-to-CPU variation does not trip it, while
-a broken update does: with the advantage's sign flipped this test's run went 0.00 -> 0.00 and it
-failed. At the old GRPO learning rate (1e-3) one RL run in four also went 0.00 -> 0.00, which is how
-this guard caught that rate in CI.
+(``benchmarks/rl_phase.py``), and the default demo gained +0.86 to +0.98 with two threads. So ordinary
+run-to-run and CPU-to-CPU variation does not trip it, while a broken update does: with the
+advantage's sign flipped this test's run went 0.00 -> 0.00 and it failed. At the old GRPO learning
+rate (1e-3) one RL run in four also went 0.00 -> 0.00, which is how this guard caught that rate in CI.
 """
 
 from __future__ import annotations
