@@ -9,8 +9,8 @@ which a status changes, so a rollout that timed out can never be reported as suc
 from __future__ import annotations
 
 import re
-import time
 import secrets
+import time
 import uuid
 from enum import StrEnum
 from typing import Any, Literal
