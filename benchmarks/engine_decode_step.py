@@ -8,7 +8,7 @@ prompt (a GRPO group), greedy decoding for ``--steps`` steps with 2 rows leaving
 rows finish). Per batch size: the prefill's CPU ms and the CPU ms per decode step (median of
 ``--runs``, after a warm-up). ``--profile`` adds torch's operator table for the largest batch.
 
-    uv run python benchmarks/engine_decode_step.py --model /tmp/base0/warm_start [--rows 8 32 128] [--profile]
+    uv run python benchmarks/engine_decode_step.py --model runs/demo/warm_start [--rows 8 32 128] [--profile]
 
 Without ``--model`` the tiny model (random weights) is used; the numbers depend on the model's
 shape, not its weights.

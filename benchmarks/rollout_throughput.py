@@ -10,8 +10,8 @@ tokens of the step's transitions / seconds from enqueue to the last span flushed
 one-at-a-time half is skipped) measured first in the same process, and their ratio: how much of the
 engine's speed the stack around it keeps.
 
-    uv run python benchmarks/rollout_throughput.py --model /tmp/base0/warm_start [--steps 5] [--threads 1]
-    uv run python benchmarks/rollout_throughput.py --model M --steps 3 --skip-engine --profile /tmp/p.prof
+    uv run python benchmarks/rollout_throughput.py --model runs/demo/warm_start [--steps 5] [--threads 1]
+    uv run python benchmarks/rollout_throughput.py --model M --steps 3 --skip-engine --profile runs/rollout.prof
 
 Without ``--model`` the tiny model is warm-started briefly first (response lengths, not quality,
 matter here). The first step is a warm-up and is not counted. Per step it also prints (stderr) the
