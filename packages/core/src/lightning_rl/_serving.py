@@ -33,6 +33,7 @@ goes through ASGI, correct and somewhat slower.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import importlib.util
 import os
@@ -42,7 +43,15 @@ from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any, Protocol, cast
 
-__all__ = ["http_protocol", "FastHandler", "FastRoutes", "TESTED_UVICORN", "STOCK_UVICORN_ENV", "fast_path_refusal"]
+__all__ = [
+    "wait_until_serving",
+    "http_protocol",
+    "FastHandler",
+    "FastRoutes",
+    "TESTED_UVICORN",
+    "STOCK_UVICORN_ENV",
+    "fast_path_refusal",
+]
 
 TESTED_UVICORN: tuple[tuple[int, int], tuple[int, int]] = ((0, 54), (0, 55))
 """uvicorn versions ``[low, high)`` the fast path's subclass is tested with (``.ci/uvicorn_range`` and
@@ -50,6 +59,25 @@ TESTED_UVICORN: tuple[tuple[int, int], tuple[int, int]] = ((0, 54), (0, 55))
 STOCK_UVICORN_ENV = "LIGHTNING_STOCK_UVICORN"
 """Set to ``1`` to serve with uvicorn's own protocol class (no fast path, no coalesced writes)."""
 _warned: set[str] = set()
+
+
+async def wait_until_serving(server: Any, task: asyncio.Task[Any], host: str, what: str) -> str:
+    """Wait for a ``uvicorn.Server`` started as ``task`` to listen; return ``http://host:port`` with the
+    bound port (``port=0`` picks a free one).
+
+    uvicorn reports a bind error by logging and calling ``sys.exit``; a server that ends before it
+    listens raises ``OSError`` here instead, with ``what`` (e.g. ``"store server could not start on
+    127.0.0.1:8080; see the log above."``) as its message, so the caller's caller sees a real error.
+    """
+    while not server.started:
+        if task.done():
+            with contextlib.suppress(SystemExit):  # uvicorn exits on a bind error; raise instead
+                task.result()
+            raise OSError(what)
+        await asyncio.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()
+    display = f"[{host}]" if ":" in host else host
+    return f"http://{display}:{bound[1]}"
 
 
 def fast_path_refusal() -> str | None:

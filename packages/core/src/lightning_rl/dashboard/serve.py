@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
+from lightning_rl._serving import wait_until_serving
 from lightning_rl.dashboard._settings import find_run_dir, load_credit_settings
 from lightning_rl.dashboard.app import DashboardState, create_dashboard_app
 from lightning_rl.store import open_store
@@ -56,15 +57,9 @@ async def running_dashboard(
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         task = asyncio.create_task(server.serve())
         try:
-            while not server.started:
-                if task.done():
-                    with contextlib.suppress(SystemExit):  # uvicorn exits on a bind error; raise instead
-                        task.result()
-                    raise OSError(f"dashboard could not start on {host}:{port} (address in use?)")
-                await asyncio.sleep(0.01)
-            bound = server.servers[0].sockets[0].getsockname()
-            display = f"[{host}]" if ":" in host else host
-            yield f"http://{display}:{bound[1]}"
+            yield await wait_until_serving(
+                server, task, host, f"dashboard could not start on {host}:{port} (address in use?)"
+            )
         finally:
             server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):

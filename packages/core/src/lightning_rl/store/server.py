@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lightning_rl._serving import http_protocol
+from lightning_rl._serving import http_protocol, wait_until_serving
 from lightning_rl.credentials import bearer_matches
 from lightning_rl.errors import InvalidRequestError, LightningError, http_status
 from lightning_rl.store import otlp
@@ -530,15 +530,10 @@ async def _started(
     server = _QuietServer(config)
     task = asyncio.create_task(server.serve())
     try:
-        while not server.started:
-            if task.done():
-                with contextlib.suppress(SystemExit):  # uvicorn exits on a bind error; raise instead
-                    task.result()
-                raise OSError(f"store server could not start on {host}:{port}; see the log above.")
-            await asyncio.sleep(0.01)
-        bound = server.servers[0].sockets[0].getsockname()
-        display = f"[{host}]" if ":" in host else host
-        yield server, task, f"http://{display}:{bound[1]}", stopping
+        url = await wait_until_serving(
+            server, task, host, f"store server could not start on {host}:{port}; see the log above."
+        )
+        yield server, task, url, stopping
     finally:
         stopping.set()  # long polls in flight answer now rather than hold the shutdown up
         server.should_exit = True
