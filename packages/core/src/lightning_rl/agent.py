@@ -191,6 +191,11 @@ def _in_process_transport(openai: Any, base_url: str) -> Any:
 
     if not serving_here(base_url):
         return None
+    client_cls = getattr(openai, "DefaultAsyncHttpxClient", None)
+    if not (isinstance(client_cls, type) and issubclass(client_cls, httpx.AsyncClient)):
+        # The transport speaks httpx 1.x; an SDK on another HTTP library (openai 3.x uses httpx2)
+        # rejects its responses, so such clients keep plain HTTP to the gateway.
+        return None
     limits = getattr(getattr(openai, "_constants", None), "DEFAULT_CONNECTION_LIMITS", None)
     fallback = httpx.AsyncHTTPTransport(verify=_shared_ssl_context(), **({"limits": limits} if limits else {}))
     return in_process_transport(base_url, fallback)
