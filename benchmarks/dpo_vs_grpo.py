@@ -1,0 +1,198 @@
+"""DPO from groups vs GRPO on the demo task, at the same rollout budget, on one warm start per seed.
+
+Per seed this script warm-starts once, exactly as ``lightning-rl demo`` does (same ``DemoConfig``;
+a warm start already in ``<out>/seed<N>/warm_start`` is reused, so ``--warm-only`` can prepare them
+ahead), then runs the RL phase twice from it: GRPO (the demo's own settings) and DPO (pairs built
+from the same groups: ``--pairing``, ``--beta``, ``--dpo-loss``). Both phases run the same steps,
+tasks per step and rollouts per task, so they see the same number of rollouts; only the update rule
+differs. It writes a markdown table (held-out reward before/after, gain, and the training tool-call
+rate and reward per step) to ``<out>/dpo_vs_grpo.md`` and stdout, and the numbers to
+``<out>/dpo_vs_grpo.json``.
+
+    uv run python benchmarks/dpo_vs_grpo.py --seeds 0-2 --quick --threads 1
+    uv run python benchmarks/dpo_vs_grpo.py --seeds 0-2 --quick --threads 1 --warm-only   # warm starts only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                seeds += range(int(lo), int(hi) + 1)
+            elif part.strip():
+                seeds.append(int(part))
+    except ValueError as exc:
+        raise SystemExit(f"--seeds {text!r}: give seeds like 0-2 or 0,3,4") from exc
+    if not seeds:
+        raise SystemExit(f"--seeds {text!r}: give at least one seed, e.g. 0-2")
+    return seeds
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def per_step(metrics: Path, key: str) -> list[float]:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [float(r[key]) for r in rows if key in r]
+
+
+def cpu_name() -> str:
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if "model name" in line:
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0-2")
+    ap.add_argument("--quick", action="store_true", help="the learning guard's configuration (DemoConfig.quick)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    ap.add_argument("--beta", type=float, default=0.1, help="DPO's beta")
+    ap.add_argument("--dpo-loss", default="sigmoid", choices=["sigmoid", "ipo"])
+    ap.add_argument("--pairing", default="halves", choices=["best_worst", "halves", "all"])
+    ap.add_argument("--unit", default="call", choices=["call", "rollout"], help="what a DPO pair compares")
+    ap.add_argument("--dpo-lr", type=float, default=None, help="DPO's learning rate (default: GRPO's, the demo's)")
+    ap.add_argument("--algorithms", default="grpo,dpo", help="which RL phases to run per seed, comma-separated")
+    ap.add_argument("--warm-only", action="store_true", help="only prepare the warm starts")
+    ap.add_argument("--out", default="runs/dpo_vs_grpo", help="folder for the warm starts, the runs and the table")
+    args = ap.parse_args(argv)
+    seeds = parse_seeds(args.seeds)
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    if not algorithms or any(a not in ("grpo", "dpo") for a in algorithms):
+        raise SystemExit(f"--algorithms {args.algorithms!r}: give grpo, dpo or both")
+
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    from lightning_rl.demo.calculator import calculator_agent, make_tasks
+    from lightning_rl.demo.run import DemoConfig, demo_trainer_config, warm_start
+    from lightning_rl.engine.models import resolve_model
+    from lightning_rl.trainer import Trainer
+
+    out = Path(args.out)
+    runs: list[dict[str, Any]] = []
+    warm_minutes: dict[int, float] = {}
+    for seed in seeds:
+        settings: dict[str, Any] = {"seed": seed, "progress": False}
+        cfg = DemoConfig.quick(**settings) if args.quick else DemoConfig(**settings)
+        tasks = make_tasks(cfg.n_train + cfg.n_val + cfg.n_probe, seed=cfg.seed)
+        train, val = tasks[: cfg.n_train], tasks[cfg.n_train : cfg.n_train + cfg.n_val]
+        probe = tasks[cfg.n_train + cfg.n_val :]
+        folder = out / f"seed{seed}"
+        warm = folder / "warm_start"
+        timing = folder / "warm_start_s.json"
+        if (warm / "warm_start.json").exists() and timing.exists():
+            warm_s = float(json.loads(timing.read_text())["seconds"])
+            print(f"seed {seed}: reusing the warm start in {warm} ({warm_s / 60:.1f} min when made)", flush=True)
+        else:
+            started = time.perf_counter()
+            warm_start(resolve_model("tiny"), warm, cfg, train, probe)
+            warm_s = time.perf_counter() - started
+            timing.write_text(json.dumps({"seconds": warm_s}))
+            print(f"seed {seed}: warm start {warm_s / 60:.1f} min", flush=True)
+        warm_minutes[seed] = warm_s / 60
+        if args.warm_only:
+            continue
+        for algorithm in algorithms:
+            run_dir = folder / algorithm
+            trainer_cfg = demo_trainer_config(str(warm), str(run_dir), cfg, progress=False, tensorboard=False)
+            if algorithm == "dpo":
+                from lightning_rl.algorithms.dpo import DPOConfig
+
+                dpo = DPOConfig(beta=args.beta, loss=args.dpo_loss, pairing=args.pairing, unit=args.unit)
+                trainer_cfg.algorithm = "dpo"
+                trainer_cfg.dpo = dpo
+                if args.dpo_lr is not None:
+                    trainer_cfg.backend.lr = args.dpo_lr
+            t0 = time.perf_counter()
+            result = Trainer(trainer_cfg).fit(calculator_agent, train, val)
+            metrics = run_dir / "metrics.jsonl"
+            row: dict[str, Any] = {
+                "seed": seed,
+                "algorithm": algorithm,
+                "lr": trainer_cfg.backend.lr,
+                "before": result.val_before,
+                "after": result.val_after,
+                "seconds": time.perf_counter() - t0,
+                "tool_call_rate": per_step(metrics, "train/tool_call_rate"),
+                "reward": per_step(metrics, "train/reward_mean"),
+                "pairs": per_step(metrics, "train/dpo_pairs"),
+            }
+            runs.append(row)
+            print(
+                f"seed {seed} {algorithm}: {row['before']:.2f} -> {row['after']:.2f} in {row['seconds'] / 60:.1f} min",
+                flush=True,
+            )
+    if args.warm_only:
+        return 0
+
+    command = "uv run python benchmarks/dpo_vs_grpo.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [
+        f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at commit `{git_commit()}` by `{command.strip()}` "
+        f"({cpu_name()}, {os.cpu_count()} cores; torch threads: {torch.get_num_threads()}; "
+        f"{'quick' if args.quick else 'default'} demo configuration; one warm start per seed, "
+        + ", ".join(f"seed {s} {m:.1f} min" for s, m in warm_minutes.items())
+        + f"; DPO: {args.dpo_loss} loss, beta {args.beta:g}, pairing {args.pairing}, unit {args.unit}).",
+        "",
+        "| seed | algorithm | lr | held-out before | after | gain | DPO pairs per step "
+        "| tool-call rate per step | training reward per step | RL wall |",
+        "|---:|---|---:|---:|---:|---:|---|---|---|---:|",
+    ]
+    for row in runs:
+        gain = row["after"] - row["before"]
+        cells = [
+            str(row["seed"]),
+            row["algorithm"].upper(),
+            f"{row['lr']:g}",
+            f"{row['before']:.2f}",
+            f"{row['after']:.2f}",
+            f"**{gain:+.2f}**",
+            " ".join(f"{x:.0f}" for x in row["pairs"]) or "-",
+            " ".join(f"{x:.2f}" for x in row["tool_call_rate"]),
+            " ".join(f"{x:.2f}" for x in row["reward"]),
+            f"{row['seconds'] / 60:.1f} min",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for algorithm in algorithms:
+        gains = [row["after"] - row["before"] for row in runs if row["algorithm"] == algorithm]
+        lines.append(
+            f"{algorithm.upper()}: gain over {len(gains)} seeds mean **{statistics.fmean(gains):+.2f}**, "
+            f"min **{min(gains):+.2f}**, max {max(gains):+.2f}."
+        )
+    text = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dpo_vs_grpo.md").write_text(text)
+    (out / "dpo_vs_grpo.json").write_text(json.dumps({"warm_start_min": warm_minutes, "runs": runs}, indent=2))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
