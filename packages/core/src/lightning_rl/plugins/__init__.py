@@ -3,12 +3,14 @@
 A plugin (a) routes the framework's model calls to the rollout's gateway URL (:mod:`.routing`),
 (b) records which role made each call and (c) turns tool events into tool spans, the inputs of AIR
 (:mod:`.record`), and (d) lets the user mark roles trainable (``instrument(trainable=...)``). It
-subclasses :class:`Instrumentor` and registers under the ``lightning_rl.plugins`` entry-point group.
+subclasses :class:`Instrumentor`, records what it changes on its install handle (:class:`Patches`)
+and registers under the ``lightning_rl.plugins`` entry-point group.
 """
 
 from __future__ import annotations
 
 from lightning_rl.plugins.base import Instrumentor, framework_version, version_in_range
+from lightning_rl.plugins.patches import Patches, http_client_of
 from lightning_rl.plugins.record import PluginFailures, guarded, record_role, record_tool
 from lightning_rl.plugins.registry import (
     ENTRY_POINT_GROUP,
@@ -21,11 +23,13 @@ from lightning_rl.plugins.routing import (
     RoleSource,
     Route,
     acting_as,
+    add_route_user,
     async_request_hook,
     current_role,
     current_route,
     install_hooks,
     remove_hooks,
+    remove_route_user,
     request_hook,
     route_request,
     routed_async_client,
@@ -36,6 +40,8 @@ __all__ = [
     "Instrumentor",
     "framework_version",
     "version_in_range",
+    "Patches",
+    "http_client_of",
     "record_role",
     "record_tool",
     "guarded",
@@ -57,4 +63,6 @@ __all__ = [
     "routed_async_client",
     "install_hooks",
     "remove_hooks",
+    "add_route_user",
+    "remove_route_user",
 ]

@@ -4,8 +4,10 @@ Modelled on OpenTelemetry's ``BaseInstrumentor``: one instance per plugin class,
 and ``uninstrument()`` are idempotent (a second call is a no-op that logs at debug level, so a
 library and its user can both call it), and the plugin declares the framework distribution and the
 version range it was verified against, checked before any patching happens. What a plugin patches
-is its own business (``_instrument`` / ``_uninstrument``); what is common to all of them (routing
-to the rollout's gateway URL, role and tool spans, trainable roles) lives next to this module.
+is its own business (``_instrument``), recorded on its install handle (``self.patches``, a
+:class:`~lightning_rl.plugins.Patches`), which ``uninstrument()`` restores, as it does when
+``_instrument`` fails half-way; what is common to all plugins (routing to the rollout's gateway
+URL, role and tool spans, trainable roles) lives next to this module.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from importlib import metadata
 from typing import Any, ClassVar, Self
 
 from lightning_rl.errors import IncompatibleFrameworkError
+from lightning_rl.plugins.patches import Patches
 from lightning_rl.roles import RoleSelector, RoleSpec
 
 __all__ = ["Instrumentor", "framework_version", "version_in_range"]
@@ -98,12 +101,20 @@ class Instrumentor(ABC):
                 instance._instrumented = False
                 instance._trainable = None
                 instance._lock = threading.RLock()
+                instance._patches = Patches()
                 Instrumentor._instances[cls] = instance
         return instance  # pyright: ignore[reportReturnType]
 
     _instrumented: bool
     _trainable: RoleSelector | None
     _lock: threading.RLock
+    _patches: Patches
+
+    @property
+    def patches(self) -> Patches:
+        """This plugin's install handle: what ``_instrument`` patches, hooks and registers goes here,
+        and ``uninstrument()`` undoes it (a fresh one per ``instrument()``)."""
+        return self._patches
 
     @property
     def is_instrumented(self) -> bool:
@@ -160,7 +171,13 @@ class Instrumentor(ABC):
             if check_version:
                 self.check_framework()
             self._trainable = None if trainable is None else RoleSelector.of(trainable)
-            self._instrument(**kwargs)
+            self._patches = Patches()
+            try:
+                with self._patches.applying():  # a failure half-way leaves nothing applied
+                    self._instrument(**kwargs)
+            except BaseException:
+                self._trainable = None
+                raise
             self._instrumented = True
         return self
 
@@ -170,14 +187,17 @@ class Instrumentor(ABC):
             if not self._instrumented:
                 _log.debug("%s plugin is not instrumented; uninstrument() ignored", self.name)
                 return
-            self._uninstrument()
-            self._instrumented = False
-            self._trainable = None
+            try:
+                self._uninstrument()
+            finally:
+                self._patches.restore()
+                self._instrumented = False
+                self._trainable = None
 
     @abstractmethod
     def _instrument(self, **kwargs: Any) -> None:
-        """Patch/register with the framework. Called once per ``instrument()`` that takes effect."""
+        """Patch/register with the framework through ``self.patches``. Called once per ``instrument()``
+        that takes effect; should it raise, what it recorded on ``self.patches`` is undone."""
 
-    @abstractmethod
-    def _uninstrument(self) -> None:
-        """Undo everything ``_instrument`` did."""
+    def _uninstrument(self) -> None:  # noqa: B027 - optional: most plugins need only the handle
+        """Undo what ``_instrument`` did outside ``self.patches`` (run before the handle restores)."""

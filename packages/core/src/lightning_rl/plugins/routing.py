@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Generator
+import threading
+from collections.abc import Awaitable, Callable, Generator, Hashable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any
 
 import httpx
@@ -42,6 +44,8 @@ __all__ = [
     "routed_async_client",
     "install_hooks",
     "remove_hooks",
+    "add_route_user",
+    "remove_route_user",
 ]
 
 _log = logging.getLogger(__name__)
@@ -54,6 +58,7 @@ _role: contextvars.ContextVar[str | None] = contextvars.ContextVar("lightning_ro
 
 # Endpoints whose path we recognise when the client's base URL has no ``/v1`` segment.
 _HOOK_MARK = "_lightning_route_hook"
+_hooks_lock = threading.RLock()  # rollouts in worker threads may reach a fresh client at the same time
 
 _ENDPOINTS = ("/chat/completions", "/completions", "/responses", "/embeddings", "/models")
 
@@ -95,15 +100,18 @@ def acting_as(role: str | None) -> Generator[None]:
         _role.reset(token)
 
 
-def _resolve(role: RoleSource) -> str | None:
+def _ask(role: RoleSource) -> str | None:
     if callable(role):
         try:
-            found = role()
+            return role()
         except Exception:  # a plugin's role lookup must never fail the user's call
             _log.debug("role lookup failed; call left unattributed", exc_info=True)
-            found = None
-        return found or _role.get()
-    return role or _role.get()
+            return None
+    return role
+
+
+def _resolve(role: RoleSource) -> str | None:
+    return _ask(role) or _role.get()
 
 
 def current_route(role: RoleSource = None) -> Route | None:
@@ -144,28 +152,54 @@ def route_request(request: httpx.Request, role: RoleSource = None) -> bool:
     return True
 
 
-def request_hook(role: RoleSource = None) -> Callable[[httpx.Request], None]:
-    """A synchronous httpx ``request`` event hook routing to the current attempt."""
+class _Users:
+    """The role sources of one routing hook, by owner (a plugin's install handle, or the role itself).
 
-    def hook(request: httpx.Request) -> None:
+    Several plugins can route one client (a LangChain model and an Agents SDK model sharing the
+    user's ``AsyncOpenAI``): each keeps its own role source until it lets go, and the hook asks
+    them in the order they arrived; the first that names a role wins, else :func:`acting_as`.
+    """
+
+    def __init__(self) -> None:
+        self.sources: dict[Hashable, RoleSource] = {}
+
+    def role(self) -> str | None:
+        for source in list(self.sources.values()):
+            found = _ask(source)
+            if found:
+                return found
+        return _role.get()
+
+
+def _users_hook(users: _Users, is_async: bool) -> Callable[..., Any]:
+    def route(request: httpx.Request) -> None:
         try:
-            route_request(request, role)
+            route_request(request, users.role)
         except Exception:  # never break the host's call; it goes where it was going
             _log.debug("could not route request to the gateway", exc_info=True)
 
-    setattr(hook, _HOOK_MARK, True)
+    async def aroute(request: httpx.Request) -> None:
+        route(request)
+
+    hook = aroute if is_async else route
+    setattr(hook, _HOOK_MARK, users)
     return hook
+
+
+def _single(role: RoleSource) -> _Users:
+    users = _Users()
+    users.sources[_source_key(role)] = role
+    return users
+
+
+def request_hook(role: RoleSource = None) -> Callable[[httpx.Request], None]:
+    """A synchronous httpx ``request`` event hook routing to the current attempt."""
+    return _users_hook(_single(role), is_async=False)
 
 
 def async_request_hook(role: RoleSource = None) -> Callable[[httpx.Request], Awaitable[None]]:
     """An asynchronous httpx ``request`` event hook routing to the current attempt."""
-    sync = request_hook(role)
-
-    async def hook(request: httpx.Request) -> None:
-        sync(request)
-
-    setattr(hook, _HOOK_MARK, True)
-    return hook
+    return _users_hook(_single(role), is_async=True)
 
 
 def routed_client(role: RoleSource = None, **kwargs: Any) -> httpx.Client:
@@ -182,24 +216,70 @@ def routed_async_client(role: RoleSource = None, **kwargs: Any) -> httpx.AsyncCl
     return httpx.AsyncClient(event_hooks=hooks, **kwargs)
 
 
-def install_hooks(client: httpx.Client | httpx.AsyncClient, role: RoleSource = None) -> bool:
-    """Add the routing hook to an existing httpx client (once); returns False if it was there already.
+def _source_key(role: RoleSource) -> Hashable:
+    return ("role", role)
 
-    For clients the user built before instrumenting (``ChatOpenAI().root_client._client``). Works
-    on ``httpx2`` clients too (openai 3.x), which share httpx's hook API.
+
+def _users_of(client: httpx.Client | httpx.AsyncClient) -> _Users | None:
+    for hook in client.event_hooks.get("request", []):
+        users = getattr(hook, _HOOK_MARK, None)
+        if isinstance(users, _Users):
+            return users
+    return None
+
+
+def add_route_user(client: httpx.Client | httpx.AsyncClient, owner: Hashable, role: RoleSource = None) -> bool:
+    """Make ``owner`` a user of ``client``'s routing hook with its own role source (the hook is added
+    by the first user); False when ``owner`` uses it already. Undo with :func:`remove_route_user`.
+
+    Works on ``httpx2`` clients too (openai 3.x), which share httpx's hook API.
     """
-    hooks = client.event_hooks
-    requests = list(hooks.get("request", []))
-    if any(getattr(h, _HOOK_MARK, False) for h in requests):
-        return False
-    is_async = hasattr(client, "aclose")  # httpx.AsyncClient or httpx2.AsyncClient
-    hook: Any = async_request_hook(role) if is_async else request_hook(role)
-    client.event_hooks = {**hooks, "request": [*requests, hook]}
-    return True
+    with _hooks_lock:
+        users = _users_of(client)
+        if users is None:
+            users = _Users()
+            hooks = client.event_hooks
+            hook = _users_hook(users, is_async=hasattr(client, "aclose"))  # httpx(2).AsyncClient has aclose
+            client.event_hooks = {**hooks, "request": [*hooks.get("request", []), hook]}
+        if owner in users.sources:
+            return False
+        users.sources[owner] = role
+        return True
 
 
-def remove_hooks(client: httpx.Client | httpx.AsyncClient) -> bool:
-    """Remove the hook :func:`install_hooks` added; returns whether one was there."""
+def remove_route_user(client: httpx.Client | httpx.AsyncClient, owner: Hashable) -> bool:
+    """Undo :func:`add_route_user`; the hook goes with its last user. Returns whether ``owner`` was one."""
+    with _hooks_lock:
+        users = _users_of(client)
+        if users is None or owner not in users.sources:
+            return False
+        del users.sources[owner]
+        if not users.sources:
+            _drop_hooks(client)
+        return True
+
+
+def install_hooks(client: httpx.Client | httpx.AsyncClient, role: RoleSource = None) -> bool:
+    """Add the routing hook to an existing httpx client with ``role`` as one of its role sources;
+    False if that role source is there already.
+
+    For clients the user built before instrumenting (``ChatOpenAI().root_client._client``). A plugin
+    uses its install handle instead (:meth:`lightning_rl.plugins.Patches.hook_client`), which
+    counts its users.
+    """
+    return add_route_user(client, _source_key(role), role)
+
+
+def remove_hooks(client: httpx.Client | httpx.AsyncClient, role: RoleSource | EllipsisType = ...) -> bool:
+    """Take the routing hook off ``client`` (with ``role``: only that role source, the hook going with
+    the last); returns whether there was something to remove."""
+    if role is not ...:
+        return remove_route_user(client, _source_key(role))
+    with _hooks_lock:
+        return _drop_hooks(client)
+
+
+def _drop_hooks(client: httpx.Client | httpx.AsyncClient) -> bool:
     hooks = client.event_hooks
     requests = list(hooks.get("request", []))
     kept = [h for h in requests if not getattr(h, _HOOK_MARK, False)]
