@@ -4,6 +4,8 @@
 front of a SQLite-backed server), which is how the backends are kept from drifting apart.
 ``postgres_dsn`` gives a PostgreSQL DSN: from ``LIGHTNING_TEST_POSTGRES_DSN`` when set (then it
 must work: CI sets it), otherwise the local default, skipping only when that cannot connect.
+``redis_url`` does the same for Redis (``LIGHTNING_TEST_REDIS_URL``), and ``redis_prefix`` gives each
+test its own key prefix, deleted afterwards, so tests sharing one server never see each other's keys.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ from lightning_rl.store.memory import MemoryStore
 
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 POSTGRES_ENV = "LIGHTNING_TEST_POSTGRES_DSN"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_ENV = "LIGHTNING_TEST_REDIS_URL"
 
 STORE_BACKENDS = [
     "memory",
     "sqlite",
     pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("redis", marks=pytest.mark.redis),
     "http",
 ]
 
@@ -70,6 +75,48 @@ def postgres_schema(postgres_dsn: str) -> Iterator[str]:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
+def _probe_redis(url: str) -> str | None:
+    """None if ``url`` answers PING, else why not."""
+    try:
+        import redis
+    except ImportError as exc:
+        return f"redis-py is not installed ({exc}); install lightning-rl[redis]"
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=3) as client:
+            client.ping()
+    except redis.RedisError as exc:
+        return f"cannot connect to Redis at {url}: {exc}".strip()
+    return None
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """A Redis URL that works. Fails (not skips) if the env var is set but unusable."""
+    url = os.environ.get(REDIS_ENV)
+    if url:
+        problem = _probe_redis(url)
+        if problem:
+            pytest.fail(f"{REDIS_ENV} is set but unusable: {problem}")
+        return url
+    problem = _probe_redis(DEFAULT_REDIS_URL)
+    if problem:
+        pytest.skip(f"{REDIS_ENV} is unset and the default URL does not work: {problem}")
+    return DEFAULT_REDIS_URL
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A fresh key prefix for one test; every key under it is deleted afterwards."""
+    import redis
+
+    name = f"lt-{uuid.uuid4().hex[:16]}:"
+    yield name
+    with redis.Redis.from_url(redis_url) as client:
+        keys = list(client.scan_iter(match=f"{name}*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+
+
 @pytest.fixture(params=STORE_BACKENDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LightningStore]:
     """A fresh, empty store of each backend kind."""
@@ -92,6 +139,14 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         pg = await PostgresStore.open(dsn, schema=schema)
         yield pg
         await pg.close()
+    elif kind == "redis":
+        from lightning_rl.store.redis import RedisStore
+
+        url: str = request.getfixturevalue("redis_url")
+        prefix: str = request.getfixturevalue("redis_prefix")
+        rs = await RedisStore.open(url, prefix=prefix)
+        yield rs
+        await rs.close()
     else:
         try:
             from lightning_rl.store.client import StoreClient

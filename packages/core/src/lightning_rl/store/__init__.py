@@ -1,7 +1,8 @@
 """Where rollouts, attempts, spans and resources live.
 
 ``open_store(url)`` picks a backend from a URL: ``memory://``, a SQLite path or ``sqlite:///path``,
-``postgresql://…``, or ``http(s)://…`` for a store server. Backends import their drivers lazily, so
+``postgresql://…``, ``redis://…`` (``rediss://`` for TLS; ``?prefix=`` sets the key prefix), or
+``http(s)://…`` for a store server. Backends import their drivers lazily, so
 ``import lightning_rl.store`` stays light.
 """
 
@@ -15,9 +16,18 @@ from lightning_rl.store.memory import MemoryStore
 if TYPE_CHECKING:
     from lightning_rl.store.client import StoreClient
     from lightning_rl.store.postgres import PostgresStore
+    from lightning_rl.store.redis import RedisStore
     from lightning_rl.store.sqlite import SQLiteStore
 
-__all__ = ["LightningStore", "MemoryStore", "SQLiteStore", "PostgresStore", "StoreClient", "open_store"]
+__all__ = [
+    "LightningStore",
+    "MemoryStore",
+    "SQLiteStore",
+    "PostgresStore",
+    "RedisStore",
+    "StoreClient",
+    "open_store",
+]
 
 
 def __getattr__(name: str) -> object:
@@ -29,6 +39,10 @@ def __getattr__(name: str) -> object:
         from lightning_rl.store.postgres import PostgresStore
 
         return PostgresStore
+    if name == "RedisStore":
+        from lightning_rl.store.redis import RedisStore
+
+        return RedisStore
     if name == "StoreClient":
         from lightning_rl.store.client import StoreClient
 
@@ -48,6 +62,10 @@ async def open_store(url: str, *, token: str | None = None) -> LightningStore:
         from lightning_rl.store.postgres import PostgresStore
 
         return await PostgresStore.open(url)
+    if url.startswith(("redis://", "rediss://")):
+        from lightning_rl.store.redis import RedisStore
+
+        return await RedisStore.open(url)
     path = url.removeprefix("sqlite:///").removeprefix("sqlite://")
     from lightning_rl.store.sqlite import SQLiteStore
 
