@@ -47,6 +47,9 @@ class TrainerConfig:
     (see ``lightning_rl.adapter.air_policy``)."""
     skip_zero_advantage: bool = True
     """Leave transitions with zero advantage out of the update (no gradient without a KL term)."""
+    update_rule: str = "policy_gradient"
+    """How each step's scored rollouts update the weights (``lightning_rl.trainer.update_rules``):
+    ``policy_gradient`` (GRPO/RLOO/PPO-clip), ``sft`` (needs ``SFTConfig``), or a registered rule."""
     rollout_timeout_s: float = 120.0
     """Limit of one attempt, enforced by the store."""
     heartbeat_timeout_s: float = 60.0
@@ -93,5 +96,11 @@ class TrainerConfig:
         unknown = set(self.logger_options) - set(LOGGERS)
         if unknown:
             raise ValueError(f"logger_options names unknown loggers {sorted(unknown)}; known: {', '.join(LOGGERS)}.")
+        from lightning_rl.trainer.update_rules import update_rule_names
+
+        if self.update_rule not in update_rule_names():
+            raise ValueError(
+                f"TrainerConfig.update_rule {self.update_rule!r} is unknown; known: {', '.join(update_rule_names())}."
+            )
         if self.temperature <= 0:
             raise ValueError("training needs temperature > 0 (greedy sampling has no policy gradient).")

@@ -3,8 +3,13 @@
 ``Trainer.fit(agent, train_tasks, val_tasks)`` starts the embedded services (a SQLite store in the
 run folder, the inference engine behind the OpenAI-compatible gateway, an in-process runner) and
 then, every step: publish resources -> enqueue the batch x group size -> wait -> adapt spans into
-transitions -> credit assignment -> advantages -> update -> publish the new weights -> validate ->
-log -> checkpoint. The agent is the user's unchanged code; it only sees ``llm.base_url``.
+transitions -> update rule (credit assignment -> advantages -> policy update, for RL) -> publish the
+new weights -> validate -> log -> checkpoint. The agent is the user's unchanged code; it only sees
+``llm.base_url``.
+
+What the update does with the scored rollouts is the one part that differs between the algorithms
+that train weights; it lives behind ``UpdateRule`` (``lightning_rl.trainer.update_rules``), chosen
+by ``TrainerConfig.update_rule``: policy gradient for GRPO/RLOO/PPO, rejection-sampled SFT, DPO.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from lightning_rl.adapter import AIRPolicy, adapt_attempt, final_reward
 from lightning_rl.agent import AgentFn
-from lightning_rl.credit import RolloutSample, compute_advantages
+from lightning_rl.algorithms.base import TrainResult
+from lightning_rl.credit import RolloutSample
 from lightning_rl.roles import RoleSelector, RoleSpec
 from lightning_rl.store.base import LightningStore
 from lightning_rl.trainer.config import TrainerConfig
@@ -32,10 +38,10 @@ from lightning_rl.trainer.metrics import (
     has_tool_call,
     plot_reward_curve,
     tool_call_metrics,
-    zero_advantage_frac,
 )
 from lightning_rl.trainer.progress import StepProgress
 from lightning_rl.trainer.services import Services, start_services
+from lightning_rl.trainer.update_rules import UpdateRule, make_update_rule
 from lightning_rl.types import (
     LLMResource,
     Rollout,
@@ -43,22 +49,11 @@ from lightning_rl.types import (
     RolloutRequest,
     RolloutStatus,
     Task,
-    Transition,
 )
 
 __all__ = ["Trainer", "TrainResult", "collect_samples"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainResult:
-    """What a finished run reports; the full history is in ``<run_dir>/metrics.jsonl``."""
-
-    run_dir: Path
-    val_before: float | None
-    val_after: float | None
-    history: list[dict[str, float]]
 
 
 @dataclass
@@ -123,13 +118,20 @@ async def collect_samples(
 
 
 class Trainer:
-    """Runs LightningRL on the embedded services. See ``TrainerConfig`` for every knob."""
+    """Runs LightningRL on the embedded services. See ``TrainerConfig`` for every knob.
+
+    An ``Algorithm`` (``lightning_rl.algorithms``): registered as ``grpo``, ``rloo`` and ``ppo``; SFT
+    and DPO are this loop with another ``update_rule``.
+    """
+
+    config_class: ClassVar[type[TrainerConfig]] = TrainerConfig
 
     def __init__(self, config: TrainerConfig | None = None, *, trainable: RoleSpec = None) -> None:
-        self.config = config or TrainerConfig()
+        self.config = config or self.config_class()
         # None: each role as the plugins declared it (instrument(trainable=...)), else trainable.
         self.trainable = None if trainable is None else RoleSelector.of(trainable)
         self.run_dir = Path(self.config.run_dir)
+        self.update_rule: UpdateRule = make_update_rule(self.config)
 
     def fit(self, agent: AgentFn | None, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()) -> TrainResult:
         """Train ``agent`` on ``train_tasks``; report held-out reward on ``val_tasks`` before and after.
@@ -227,15 +229,13 @@ class Trainer:
         t_rollouts = time.perf_counter() - t0
         # 4. adapt spans -> transitions (exact token ids from the gateway), trainable roles only
         collected = await collect_samples(svc.store, finished, trainable=self.trainable, air=cfg.air)
-        # 5-6. credit assignment and per-rollout group advantages
-        transitions = compute_advantages(
-            collected.samples, strategy=cfg.credit, gamma=cfg.gamma, estimator=cfg.estimator
-        )
-        batch = _update_batch(transitions, cfg.skip_zero_advantage and cfg.backend.kl_coef == 0)
+        # 5-6. the update rule picks what to train on: for RL, credit assignment and per-rollout
+        # group advantages; for SFT, the best attempts; for DPO, preference pairs
+        batch = self.update_rule.prepare(collected.samples)
         # 7. update the policy (in a thread: the gateway and runner keep their event loop)
         update: dict[str, float] = {}
-        if batch:
-            update = await asyncio.to_thread(svc.backend.update, batch)
+        if batch.items:
+            update = await asyncio.to_thread(self.update_rule.apply, svc.backend, batch)
         # 8. publish the new weights to the engine; later rollouts record the new version
         version = await svc.backend.publish()
         rewards = collected.rewards
@@ -246,9 +246,9 @@ class Trainer:
             "train/n_rollouts": float(len(rewards)),
             "train/failed_rollouts": float(collected.failed),
             "train/timed_out_rollouts": float(collected.timed_out),
-            "train/n_transitions": float(len(transitions)),
-            "train/n_updated_transitions": float(len(batch)),
-            "train/zero_advantage_frac": zero_advantage_frac([t.advantage for t in transitions]),
+            "train/n_transitions": float(batch.n_transitions),
+            "train/n_updated_transitions": float(batch.n_updated),
+            **batch.metrics,
             **collected.rollout_metrics("train"),
             "train/untrainable_calls": float(collected.n_untrainable),
             "train/truncated_calls": float(collected.n_truncated),
@@ -340,9 +340,3 @@ class Trainer:
 
 def _with_id(task: Task, default: str) -> Task:
     return task if task.id else task.model_copy(update={"id": default})
-
-
-def _update_batch(transitions: list[Transition], skip_zero: bool) -> list[Transition]:
-    if not skip_zero:
-        return transitions
-    return [t for t in transitions if t.advantage != 0.0]
