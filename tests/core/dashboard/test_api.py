@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -146,6 +147,38 @@ async def test_the_index_follows_new_and_ending_rollouts_and_a_prune(tmp_path: P
         await store.prune(older_than=1e12)  # deletes the two ended rollouts: positions shift
         page = await index.page(RolloutFilter())
         assert [r.id for r in page.rows] == ["r3", "r2"]
+    finally:
+        await store.close()
+
+
+async def test_the_history_loads_in_the_background_newest_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The web page's index reads the newest chunk at once and the rest backwards, in the background."""
+    import lightning_rl.dashboard.index as index_module
+
+    monkeypatch.setattr(index_module, "HISTORY_CHUNK", 4)
+    store = SQLiteStore(tmp_path / "store.sqlite")
+    try:
+        await store.enqueue([RolloutRequest(id=f"r{i:02d}", task=Task(input={"q": i})) for i in range(10)])
+        for claim in await store.claim("w", n=10):
+            await store.finish_attempt(claim.attempt.id, AttemptStatus.SUCCEEDED, reward=0.5)
+        index = RolloutIndex(store, min_refresh_s=0.0, history_in_background=True)
+        page = await index.page(RolloutFilter(), limit=3)
+        assert [r.id for r in page.rows] == ["r09", "r08", "r07"]
+        assert page.total == 4 and not page.history_complete  # only the newest chunk so far
+
+        await store.enqueue([RolloutRequest(id="r10", task=Task(input={"q": 10}))])  # arrives meanwhile
+        index.start_span_indexing()
+        for _ in range(200):
+            if index.history_complete and index.indexed == 10:
+                break
+            await asyncio.sleep(0.02)
+        page = await index.page(RolloutFilter(), limit=20)
+        assert page.history_complete
+        assert [r.id for r in page.rows] == [f"r{i:02d}" for i in range(10, -1, -1)]  # each once, in order
+        assert page.indexed == 10 and page.known == 11  # r10 is still queued: not ended, no spans to read
+        await index.close()
     finally:
         await store.close()
 

@@ -60,7 +60,7 @@ class DashboardState:
     _metrics: tuple[int, list[dict[str, float | None]]] = (0, [])
 
     def __post_init__(self) -> None:
-        self.index = RolloutIndex(self.store)
+        self.index = RolloutIndex(self.store, history_in_background=True)
 
     def metrics(self) -> list[dict[str, float | None]]:
         """``metrics.jsonl`` of the run folder, re-read only from where the last read stopped."""
@@ -163,6 +163,7 @@ def create_dashboard_app(state: DashboardState, *, token: str | None = None, pol
             "settings": state.settings.to_json(),
             "rollouts": len(state.index.rows),
             "span_progress": {"indexed": state.index.indexed, "known": len(state.index.rows)},
+            "history_complete": state.index.history_complete,
             "poll_s": poll_s,
         }
 

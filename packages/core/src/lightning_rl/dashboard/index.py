@@ -8,6 +8,10 @@ per rollout and stays in step cheaply, through the public API only:
 * new rollouts are appended: rollouts only ever arrive at the end of enqueue order, so one query
   from the last known position fetches them (if the store was pruned and positions shifted, the
   overlap row differs and the index reloads);
+* with ``history_in_background`` (the web page), the first refresh reads only the newest
+  ``HISTORY_CHUNK`` rollouts, so the first page is served at once even on 100k rollouts, and older
+  ones are read backwards in small chunks in the background (``history_complete`` says when done;
+  until then totals count only what was read). Without it (``inspect``), a refresh reads everything;
 * rollouts that had not ended are re-read by id (ended rollouts never change again);
 * what only spans tell (roles, model versions, number of calls and tool calls, the response text
   searched by ``q``) is read in the background, newest ended rollouts first. Until a rollout's spans
@@ -20,6 +24,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -29,12 +34,15 @@ from lightning_rl.errors import InvalidRequestError
 from lightning_rl.store.base import MAX_PAGE, LightningStore
 from lightning_rl.types import TERMINAL_ROLLOUT, Rollout, RolloutStatus, Span
 
-__all__ = ["RolloutSummary", "RolloutFilter", "RolloutPage", "RolloutIndex", "MAX_LIMIT"]
+__all__ = ["RolloutSummary", "RolloutFilter", "RolloutPage", "RolloutIndex", "MAX_LIMIT", "HISTORY_CHUNK"]
 
 log = logging.getLogger(__name__)
 
 MAX_LIMIT = 500
 """Most rows one page returns."""
+HISTORY_CHUNK = 1_000
+"""Rollouts read per query when the history loads in the background: small enough that parsing one
+chunk keeps the event loop (and so the page requests between chunks) within the page budget."""
 _TERMINAL = frozenset(s.value for s in TERMINAL_ROLLOUT)
 _SEARCH_CHARS = 4_000
 """Characters of task input and response text kept per rollout for ``q`` (enough to find a word)."""
@@ -173,6 +181,8 @@ class RolloutPage:
     known: int
     """Rollouts in the index."""
     took_ms: float = 0.0
+    history_complete: bool = True
+    """False while older rollouts are still being read (``total`` then counts only those read)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,6 +191,7 @@ class RolloutPage:
             "offset": self.offset,
             "limit": self.limit,
             "span_progress": {"indexed": self.indexed, "known": self.known},
+            "history_complete": self.history_complete,
             "took_ms": self.took_ms,
         }
 
@@ -192,13 +203,21 @@ class RolloutIndex:
     store: LightningStore
     min_refresh_s: float = 1.0
     """Refresh at most this often; pages in between are served from memory."""
+    history_in_background: bool = False
+    """Read only the newest rollouts on the first refresh and the older ones in a background task
+    (started by ``start_span_indexing``); see the module docstring."""
     rows: list[RolloutSummary] = field(default_factory=list[RolloutSummary])
     _by_id: dict[str, RolloutSummary] = field(default_factory=dict[str, RolloutSummary])
     _open: dict[str, RolloutSummary] = field(default_factory=dict[str, RolloutSummary])
     _unindexed: dict[str, RolloutSummary] = field(default_factory=dict[str, RolloutSummary])
+    _unindexed_history: deque[RolloutSummary] = field(default_factory=deque[RolloutSummary])
+    """Ended rollouts from the background history read, newest first (spans read after ``_unindexed``)."""
+    _base: int = 0
+    """Store position (enqueue order) of ``rows[0]``: above 0 while older rollouts are still unread."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _refreshed_at: float = 0.0
     _span_task: asyncio.Task[None] | None = None
+    _history_task: asyncio.Task[None] | None = None
     _new_work: asyncio.Event = field(default_factory=asyncio.Event)
 
     # --- keeping in step -------------------------------------------------------------------
@@ -215,13 +234,20 @@ class RolloutIndex:
         if self._unindexed:
             self._new_work.set()
 
+    @property
+    def history_complete(self) -> bool:
+        """Whether every rollout older than the first one read is in the index too."""
+        return self._base == 0
+
     async def _append_new(self) -> None:
         while True:
-            start = max(len(self.rows) - 1, 0)
+            if not self.rows and self.history_in_background:
+                total = sum((await self.store.stats()).rollouts_by_status.values())
+                self._base = max(total - HISTORY_CHUNK, 0)
+            start = self._base + max(len(self.rows) - 1, 0)
             page = await self.store.query_rollouts(limit=MAX_PAGE, offset=start)
             if self.rows:
                 if not page or page[0].id != self.rows[-1].id:
-                    log.info("store positions shifted (pruned?); reloading the rollout index")
                     self._reset()
                     continue
                 page = page[1:]
@@ -230,22 +256,51 @@ class RolloutIndex:
             if len(page) < MAX_PAGE - (1 if start else 0):
                 return
 
+    async def _load_history(self) -> None:
+        """Read the rollouts before ``rows[0]``, newest chunk first, until the store's first one."""
+        while True:
+            async with self._lock:
+                if self._base == 0 or not self.rows:
+                    return
+                lo = max(self._base - HISTORY_CHUNK, 0)
+                # one row of overlap (rows[0]) proves the positions did not shift meanwhile
+                page = await self.store.query_rollouts(limit=self._base - lo + 1, offset=lo)
+                if not page or page[-1].id != self.rows[0].id:
+                    self._reset()  # the next refresh reloads from the newest end
+                    self._refreshed_at = 0.0
+                    return
+                older = [RolloutSummary.of(r) for r in page[:-1] if r.id not in self._by_id]
+                self.rows[0:0] = older
+                for row in reversed(older):
+                    self._register(row, history=True)
+                self._base = lo
+            self._new_work.set()
+            await asyncio.sleep(0)  # page requests go first between chunks
+
     def _reset(self) -> None:
+        log.info("store positions shifted (pruned?); reloading the rollout index")
         self.rows.clear()
         self._by_id.clear()
         self._open.clear()
         self._unindexed.clear()
+        self._unindexed_history.clear()
+        self._base = 0
 
     def _add(self, rollout: Rollout) -> None:
         if rollout.id in self._by_id:
             return
         row = RolloutSummary.of(rollout)
         self.rows.append(row)
+        self._register(row, history=False)
+
+    def _register(self, row: RolloutSummary, *, history: bool) -> None:
         self._by_id[row.id] = row
-        if row.status in _TERMINAL:
-            self._unindexed[row.id] = row
-        else:
+        if row.status not in _TERMINAL:
             self._open[row.id] = row
+        elif history:
+            self._unindexed_history.append(row)
+        else:
+            self._unindexed[row.id] = row
 
     async def _reread_open(self) -> None:
         ids = list(self._open)
@@ -262,17 +317,35 @@ class RolloutIndex:
 
     # --- spans, in the background ----------------------------------------------------------
     def start_span_indexing(self) -> None:
-        """Read ended rollouts' spans in a background task (newest first) until ``close``."""
+        """Read ended rollouts' spans (newest first) and, with ``history_in_background``, the older
+        rollouts, in background tasks until ``close``."""
         if self._span_task is None:
             self._span_task = asyncio.create_task(self._index_spans_forever())
+        if self.history_in_background and self._history_task is None:
+            self._history_task = asyncio.create_task(self._load_history_forever())
+
+    async def _load_history_forever(self) -> None:
+        while True:
+            try:
+                await self._load_history()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a store hiccup must not stop the index; retried below
+                log.warning("could not read older rollouts; will retry", exc_info=True)
+            await asyncio.sleep(self.min_refresh_s)  # after a reset, the next refresh sets a new base
+
+    def _next_unindexed(self) -> RolloutSummary | None:
+        if self._unindexed:
+            return self._unindexed.pop(next(reversed(self._unindexed)))  # newest ended first
+        if self._unindexed_history:
+            return self._unindexed_history.popleft()
+        return None
 
     async def _index_spans_forever(self) -> None:
         while True:
             await self._new_work.wait()
             self._new_work.clear()
-            while self._unindexed:
-                row_id = next(reversed(self._unindexed))  # newest ended first
-                row = self._unindexed.pop(row_id)
+            while (row := self._next_unindexed()) is not None:
                 try:
                     await self.index_spans(row)
                 except asyncio.CancelledError:
@@ -289,13 +362,14 @@ class RolloutIndex:
         summarise_spans(row, spans)
 
     async def close(self) -> None:
-        if self._span_task is not None:
-            self._span_task.cancel()
-            try:
-                await self._span_task
-            except asyncio.CancelledError:
-                pass
-            self._span_task = None
+        for task in (self._span_task, self._history_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        self._span_task = self._history_task = None
 
     # --- reading ---------------------------------------------------------------------------
     def get(self, rollout_id: str) -> RolloutSummary | None:
@@ -303,7 +377,7 @@ class RolloutIndex:
 
     @property
     def indexed(self) -> int:
-        return len(self.rows) - len(self._unindexed) - len(self._open)
+        return len(self.rows) - len(self._unindexed) - len(self._unindexed_history) - len(self._open)
 
     async def page(self, flt: RolloutFilter, *, limit: int = 50, offset: int = 0) -> RolloutPage:
         """One page of the rollouts matching ``flt``, newest first."""
@@ -322,7 +396,7 @@ class RolloutIndex:
                     out.append(row)
                 total += 1
         took = (time.perf_counter() - started) * 1e3
-        return RolloutPage(out, total, offset, limit, self.indexed, len(self.rows), took)
+        return RolloutPage(out, total, offset, limit, self.indexed, len(self.rows), took, self.history_complete)
 
     def since(self, seq: int) -> list[RolloutSummary]:
         """Rows enqueued after ``seq`` (for ``tail``)."""

@@ -56,7 +56,9 @@ async function loadInfo() {
   info = await api("/api/info");
   document.getElementById("store").textContent = "store: " + info.store + (info.run_dir ? " · run: " + info.run_dir : "");
   const p = info.span_progress;
-  document.getElementById("progress").textContent = p.indexed < p.known ? `spans read for ${p.indexed} of ${p.known} rollouts` : "";
+  document.getElementById("progress").textContent = !info.history_complete
+    ? `reading older rollouts: ${p.known} so far`
+    : p.indexed < p.known ? `spans read for ${p.indexed} of ${p.known} rollouts` : "";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -129,6 +131,7 @@ async function renderList() {
       el("span", { "data-testid": "page-info" }, `${first}–${last} of ${page.total} matching`),
       el("button", { disabled: last >= page.total, "data-testid": "next", onclick: () => { listState.offset += listState.limit; draw().catch(showError); } }, "older →"),
       el("span", { class: "muted" }, ` page served in ${page.took_ms.toFixed(1)} ms`),
+      page.history_complete ? null : el("span", { class: "muted", "data-testid": "history-loading" }, " · older rollouts are still being read: totals grow until done"),
       page.span_progress.indexed < page.span_progress.known
         ? el("span", { class: "muted" }, ` · role / model-version / response-text filters see the ${page.span_progress.indexed} of ${page.span_progress.known} rollouts whose spans are read so far`)
         : null,
