@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -124,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
             trainer_cfg = demo_trainer_config(str(warm), str(run_dir), cfg, progress=False, tensorboard=False)
             if algorithm == "dpo":
                 from lightning_rl.algorithms.dpo import DPOConfig
+                from lightning_rl.trainer import TrainerConfig
 
-                dpo = DPOConfig(beta=args.beta, loss=args.dpo_loss, pairing=args.pairing, unit=args.unit)
-                trainer_cfg.algorithm = "dpo"
-                trainer_cfg.dpo = dpo
+                shared = {
+                    f.name: getattr(trainer_cfg, f.name) for f in fields(TrainerConfig) if f.name != "update_rule"
+                }
+                trainer_cfg = DPOConfig(
+                    **shared, beta=args.beta, loss=args.dpo_loss, pairing=args.pairing, unit=args.unit
+                )
                 if args.dpo_lr is not None:
                     trainer_cfg.backend.lr = args.dpo_lr
             t0 = time.perf_counter()

@@ -4,7 +4,7 @@ All share one interface (``Algorithm``: built from one config, ``fit(agent, trai
 -> TrainResult``) and one registry (``get_algorithm(name)``), which ``lightning-rl train`` uses. See
 ``lightning_rl.algorithms.base`` and docs/algorithms.md.
 
-``SFT`` and ``SFTConfig`` load on first access (they need torch); the interface does not.
+``SFT``, ``SFTConfig``, ``DPO`` and ``DPOConfig`` load on first access (they need torch); the interface does not.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from lightning_rl.algorithms.base import (
 )
 
 if TYPE_CHECKING:
+    from lightning_rl.algorithms.dpo import DPO, DPOConfig
     from lightning_rl.algorithms.sft import SFT, SFTConfig
 
 __all__ = [
@@ -36,9 +37,17 @@ __all__ = [
     # SFT from traces
     "SFT",
     "SFTConfig",
+    # DPO from groups
+    "DPO",
+    "DPOConfig",
 ]
 
-_LAZY = {"SFT": "lightning_rl.algorithms.sft", "SFTConfig": "lightning_rl.algorithms.sft"}
+_LAZY = {
+    "SFT": "lightning_rl.algorithms.sft",
+    "SFTConfig": "lightning_rl.algorithms.sft",
+    "DPO": "lightning_rl.algorithms.dpo",
+    "DPOConfig": "lightning_rl.algorithms.dpo",
+}
 
 
 def __getattr__(name: str) -> object:

@@ -13,9 +13,21 @@ from typing import Literal
 
 import torch
 
-__all__ = ["LossAggregation", "PPOTerms", "token_weights", "ppo_clip_loss", "kl_k3", "token_entropy", "sft_loss"]
+__all__ = [
+    "LossAggregation",
+    "PPOTerms",
+    "token_weights",
+    "ppo_clip_loss",
+    "kl_k3",
+    "token_entropy",
+    "sft_loss",
+    "PreferenceLoss",
+    "PreferenceTerms",
+    "preference_loss",
+]
 
 LossAggregation = Literal["token", "transition", "rollout"]
+PreferenceLoss = Literal["sigmoid", "ipo"]
 
 
 def token_weights(lengths: Sequence[int], rollout_ids: Sequence[str], aggregation: LossAggregation) -> list[float]:
@@ -106,3 +118,60 @@ def ppo_clip_loss(
 def sft_loss(logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Weighted negative log-likelihood of the response tokens."""
     return -(weights * logprobs).sum()
+
+
+@dataclass
+class PreferenceTerms:
+    """A preference loss and its diagnostics, weighted sums over the pairs (``loss`` carries the graph)."""
+
+    loss: torch.Tensor
+    margin: torch.Tensor
+    """``h``: chosen minus rejected log-ratio to the reference (before ``beta``)."""
+    accuracy: torch.Tensor
+    """Weight of the pairs with ``h > 0``: the implicit reward already ranks them right."""
+    chosen: torch.Tensor
+    """Chosen log-ratio ``logp - ref_logp``."""
+    rejected: torch.Tensor
+
+
+def preference_loss(
+    chosen_logprobs: torch.Tensor,
+    rejected_logprobs: torch.Tensor,
+    ref_chosen_logprobs: torch.Tensor,
+    ref_rejected_logprobs: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    beta: float = 0.1,
+    loss: PreferenceLoss = "sigmoid",
+) -> PreferenceTerms:
+    """DPO (``sigmoid``) or IPO (``ipo``) on per-pair sequence logprobs (all shape ``[pairs]``).
+
+    With ``h = (logp_c - ref_c) - (logp_r - ref_r)``:
+
+    * ``sigmoid`` (Rafailov et al., DPO): ``-log sigmoid(beta * h)`` — the Bradley-Terry likelihood
+      of the preference under the implicit reward ``beta * log(pi / pi_ref)``;
+    * ``ipo`` (Azar et al., IPO): ``(h - 1 / (2 beta))^2`` — regresses ``h`` to a fixed target, so a
+      pair that is already separated stops pulling (DPO's loss keeps pushing ``h`` to infinity).
+
+    ``loss = sum(weights * per_pair)``; pass ``1 / n_pairs`` for the mean. The sequence logprobs are
+    whatever the caller sums (per call or per rollout, optionally divided by the token count).
+    """
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}.")
+    chosen = chosen_logprobs - ref_chosen_logprobs
+    rejected = rejected_logprobs - ref_rejected_logprobs
+    h = chosen - rejected
+    if loss == "sigmoid":
+        per_pair = -torch.nn.functional.logsigmoid(beta * h)
+    elif loss == "ipo":
+        per_pair = (h - 1.0 / (2.0 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown preference loss {loss!r}; use 'sigmoid' (DPO) or 'ipo'.")
+    with torch.no_grad():
+        terms = {
+            "margin": (weights * h).sum(),
+            "accuracy": (weights * (h > 0).to(weights.dtype)).sum(),
+            "chosen": (weights * chosen).sum(),
+            "rejected": (weights * rejected).sum(),
+        }
+    return PreferenceTerms(loss=(weights * per_pair).sum(), **terms)

@@ -33,8 +33,10 @@ import torch
 
 from lightning_rl.backends.losses import (
     LossAggregation,
+    PreferenceLoss,
     kl_k3,
     ppo_clip_loss,
+    preference_loss,
     sft_loss,
     token_entropy,
     token_weights,
@@ -436,6 +438,148 @@ class TorchBackend:
             group["lr"] = self.config.lr
         return losses
 
+    def preference_update(
+        self,
+        pairs: Sequence[tuple[Sequence[Transition], Sequence[Transition]]],
+        *,
+        beta: float = 0.1,
+        loss: PreferenceLoss = "sigmoid",
+        length_normalize: bool = False,
+    ) -> dict[str, float]:
+        """One DPO / IPO update on (chosen, rejected) pairs; the reference is the frozen start policy.
+
+        Each side of a pair is one or more transitions (one LLM call, or every call of a rollout); its
+        sequence logprob is the sum over their response tokens, divided by that token count with
+        ``length_normalize``. The reference logprobs come from the policy RL started from: the
+        ``kl_coef`` reference if there is one, else the frozen copy ``track_kl`` keeps (made now if not
+        yet), or under LoRA the base model with its adapters off. ``ppo_epochs`` passes over the pairs,
+        ``mini_batches`` optimizer steps per pass, as in ``update``.
+
+        Gradient accumulation is exact whatever the micro-batching: the loss is a function of per-pair
+        sums, so a no-grad forward first gives each pair's ``dloss/dlogp`` (and the metrics), then a
+        forward with gradient over the micro-batches backpropagates ``sum(coefficient * logp)``, whose
+        gradient is the loss's. That costs one no-grad forward per mini-batch but never holds more than
+        one micro-batch's activations. A pair whose logprobs are not finite (a token outside the top-p
+        nucleus) is skipped and counted in ``train/dpo_skipped_pairs``.
+
+        Metrics: ``train/loss``, ``train/dpo_margin`` (chosen minus rejected log-ratio to the reference,
+        before ``beta``), ``train/dpo_accuracy`` (pairs with a positive margin), the chosen and rejected
+        log-ratios, ``train/kl_to_start`` and ``train/entropy`` per response token, ``train/grad_norm``.
+        The margin and accuracy are measured on the policy as each mini-batch finds it."""
+        cfg = self.config
+        if not pairs:
+            raise ValueError("preference_update() got no pairs; build them with lightning_rl.algorithms.dpo.")
+        index: dict[int, int] = {}
+        unique: list[Transition] = []
+        sides: list[tuple[list[int], list[int]]] = []
+        for chosen, rejected in pairs:
+            rows: list[list[int]] = []
+            for side in (chosen, rejected):
+                if not side:
+                    raise ValueError("every pair needs at least one chosen and one rejected transition.")
+                row: list[int] = []
+                for t in side:
+                    if not t.prompt_ids or not t.response_ids:
+                        raise ValueError(
+                            f"transition {t.span_id}: a pair's transitions need prompt and response tokens."
+                        )
+                    row.append(index.setdefault(id(t), len(unique)))
+                    if row[-1] == len(unique):
+                        unique.append(t)
+                rows.append(row)
+            sides.append((rows[0], rows[1]))
+        started = time.perf_counter()
+        self.model.train()
+        ref = self._frozen_start_logprobs(unique)
+        ref_sum = [math.fsum(r) for r in ref]
+        lengths = [len(t.response_ids) for t in unique]
+
+        def norm(side: list[int]) -> float:
+            return float(sum(lengths[i] for i in side)) if length_normalize else 1.0
+
+        totals = {"loss": 0.0, "dpo_margin": 0.0, "dpo_accuracy": 0.0, "dpo_chosen_logratio": 0.0}
+        totals["dpo_rejected_logratio"] = 0.0
+        entropy_sum = kl_sum = 0.0
+        diag_tokens = kl_tokens = skipped = n_steps = 0
+        grad_norms: list[float] = []
+        rng = random.Random(cfg.seed + self.step)
+        for epoch in range(cfg.ppo_epochs):
+            order = list(range(len(sides)))
+            rng.shuffle(order)
+            for chunk in _split(order, cfg.mini_batches):
+                members = sorted({i for p in chunk for i in (*sides[p][0], *sides[p][1])})
+                now = dict(zip(members, self._logprobs_of(self.model, [unique[i] for i in members]), strict=True))
+                if epoch == 0:  # KL to the start on each transition of this pass, as the policy finds it
+                    for i in members:
+                        k3 = kl_k3(torch.tensor(now[i]), torch.tensor(ref[i]))
+                        kl_sum += float(torch.nan_to_num(k3, nan=0.0, posinf=0.0).sum())
+                        kl_tokens += lengths[i]
+                now_sum = {i: math.fsum(v) for i, v in now.items()}
+                live = [
+                    p
+                    for p in chunk
+                    if all(
+                        math.isfinite(now_sum[i]) and math.isfinite(ref_sum[i]) for i in (*sides[p][0], *sides[p][1])
+                    )
+                ]
+                if epoch == 0:
+                    skipped += len(chunk) - len(live)
+                if not live:
+                    continue
+                policy_c = _side_sums(now_sum, sides, live, 0, norm).requires_grad_(True)
+                policy_r = _side_sums(now_sum, sides, live, 1, norm).requires_grad_(True)
+                weights = torch.full((len(live),), 1.0 / len(live), dtype=torch.float64)
+                terms = preference_loss(
+                    policy_c,
+                    policy_r,
+                    _side_sums(ref_sum, sides, live, 0, norm),
+                    _side_sums(ref_sum, sides, live, 1, norm),
+                    weights,
+                    beta=beta,
+                    loss=loss,
+                )
+                terms.loss.backward()  # pyright: ignore[reportUnknownMemberType]
+                assert policy_c.grad is not None and policy_r.grad is not None
+                coef: dict[int, float] = {}
+                for k, p in enumerate(live):
+                    for which, grad in ((0, policy_c.grad), (1, policy_r.grad)):
+                        for i in sides[p][which]:
+                            coef[i] = coef.get(i, 0.0) + float(grad[k]) / norm(sides[p][which])
+                scale = 1.0 / (cfg.ppo_epochs * cfg.mini_batches)
+                totals["loss"] += float(terms.loss.detach()) * scale
+                totals["dpo_margin"] += float(terms.margin) * scale
+                totals["dpo_accuracy"] += float(terms.accuracy) * scale
+                totals["dpo_chosen_logratio"] += float(terms.chosen) * scale
+                totals["dpo_rejected_logratio"] += float(terms.rejected) * scale
+                # the same gradient, micro-batch by micro-batch: d(sum coef * logp) = sum dloss/dlogp * dlogp
+                self.optimizer.zero_grad(set_to_none=True)
+                trained = [i for i in members if coef.get(i, 0.0) != 0.0]
+                seqs = [(unique[i].prompt_ids, unique[i].response_ids) for i in trained]
+                for mb in pack_micro_batches(seqs, cfg.micro_batch_tokens, self.pad_token_id):
+                    logp, entropy = self._response_forward(self.model, mb, entropy=epoch == 0)
+                    if entropy is not None:
+                        entropy_sum += float(entropy.sum())
+                        diag_tokens += entropy.numel()
+                    w = torch.tensor(
+                        [coef[trained[j]] for j, r in zip(mb.indices, mb.response_lens, strict=True) for _ in range(r)],
+                        dtype=torch.float32,
+                        device=self.device,
+                    )
+                    (w * logp).sum().backward()  # pyright: ignore[reportUnknownMemberType]
+                grad_norms.append(self._clip_and_step())
+                n_steps += 1
+        self.step += 1
+        elapsed = time.perf_counter() - started
+        return {
+            **{f"train/{k}": v for k, v in totals.items()},
+            "train/dpo_skipped_pairs": float(skipped),
+            "train/entropy": entropy_sum / diag_tokens if diag_tokens else float("nan"),
+            "train/kl_to_start": kl_sum / kl_tokens if kl_tokens else float("nan"),
+            "train/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
+            "train/optimizer_steps": float(n_steps),
+            "train/update_s": elapsed,
+        }
+
     # --- weights ------------------------------------------------------------------------------
     def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
         """Full weights under the base model's parameter names (LoRA merged), detached copies on CPU."""
@@ -501,6 +645,20 @@ class TorchBackend:
         assert self._start is not None
         return self._logprobs_of(self._start, transitions)
 
+    def _frozen_start_logprobs(self, transitions: Sequence[Transition]) -> list[list[float]]:
+        """Logprobs under the starting policy whatever ``track_kl`` says (DPO's reference needs one).
+
+        The same policy ``_start_logprobs`` uses, so ``train/kl_to_start`` and DPO agree on "the start";
+        without ``track_kl`` the frozen copy is made on first use (after a resume: of the resumed weights)."""
+        if self.reference is not None:
+            return self._logprobs_of(self.reference, transitions)
+        if self.config.lora_rank > 0:
+            with self.model.disable_adapter():  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportCallIssue]
+                return self._logprobs_of(self.model, transitions)
+        if self._start is None:
+            self._start = copy.deepcopy(self.model).eval().requires_grad_(False)
+        return self._logprobs_of(self._start, transitions)
+
     def _snapshot_start(self) -> None:
         """Freeze a copy of the current weights as the starting policy, once (see ``track_kl``)."""
         if self._start is None and self.reference is None and self.config.track_kl and self.config.lora_rank == 0:
@@ -523,6 +681,19 @@ def _split(order: list[int], parts: int) -> Iterator[list[int]]:
     size = math.ceil(len(order) / parts)
     for start in range(0, len(order), size):
         yield order[start : start + size]
+
+
+def _side_sums(
+    values: Sequence[float] | Mapping[int, float],
+    sides: Sequence[tuple[list[int], list[int]]],
+    pairs: Sequence[int],
+    which: int,
+    norm: Callable[[list[int]], float],
+) -> torch.Tensor:
+    """Per pair of ``pairs``: the summed sequence logprob of side ``which`` (0 chosen, 1 rejected), normalised."""
+    return torch.tensor(
+        [sum(values[i] for i in sides[p][which]) / norm(sides[p][which]) for p in pairs], dtype=torch.float64
+    )
 
 
 def _flat(

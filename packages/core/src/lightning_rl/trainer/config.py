@@ -49,7 +49,8 @@ class TrainerConfig:
     """Leave transitions with zero advantage out of the update (no gradient without a KL term)."""
     update_rule: str = "policy_gradient"
     """How each step's scored rollouts update the weights (``lightning_rl.trainer.update_rules``):
-    ``policy_gradient`` (GRPO/RLOO/PPO-clip), ``sft`` (needs ``SFTConfig``), or a registered rule."""
+    ``policy_gradient`` (GRPO/RLOO/PPO-clip), ``sft`` (needs ``SFTConfig``), ``dpo`` (needs ``DPOConfig``),
+    or a registered rule."""
     rollout_timeout_s: float = 120.0
     """Limit of one attempt, enforced by the store."""
     heartbeat_timeout_s: float = 60.0

@@ -100,6 +100,7 @@ UpdateRuleFactory = Callable[["TrainerConfig"], UpdateRule]
 _RULES: dict[str, str] = {
     "policy_gradient": "lightning_rl.trainer.update_rules:PolicyGradient",
     "sft": "lightning_rl.algorithms.sft:RejectionSampling",
+    "dpo": "lightning_rl.algorithms.dpo:PreferenceUpdate",
 }
 
 
