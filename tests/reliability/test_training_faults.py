@@ -1,14 +1,18 @@
-"""Issue 26: kill -9 of the store server and of a runner during a short real training run.
+"""Issue 26: kill -9 of the store server, of a runner and of the trainer during a short real training run.
 
-The trainer (tiny model, 3 GRPO steps) keeps its SQLite store; runner processes reach it through a
-``lightning-rl store serve`` process over HTTP. Mid-run the store server is killed with SIGKILL and
-restarted on the same port, then the runner is killed with SIGKILL and replaced. Training must
-finish every step, and no rollout the store had acknowledged as ended may be lost or changed.
+The trainer (tiny model, GRPO steps) keeps its SQLite store; runner processes reach it through a
+``lightning-rl store serve`` process over HTTP. In the first test, mid-run the store server is
+killed with SIGKILL and restarted on the same port, then the runner is killed with SIGKILL and
+replaced. In the second, the trainer process itself is killed: with it go the gateway the runners
+call and the engine behind it (the embedded services live in the trainer's process), and it is
+started again with ``resume``. Training must finish every step, and no rollout the store had
+acknowledged as ended may be lost or changed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -26,7 +30,7 @@ pytest.importorskip("transformers")
 from lightning_rl.backends.torch_backend import TorchBackendConfig  # noqa: E402
 from lightning_rl.store.sqlite import SQLiteStore  # noqa: E402
 from lightning_rl.trainer import Trainer, TrainerConfig, TrainResult  # noqa: E402
-from lightning_rl.types import Rollout, RolloutStatus, Task  # noqa: E402
+from lightning_rl.types import Rollout, RolloutStatus, StoreStats, Task  # noqa: E402
 
 AGENTS = Path(__file__).parent  # holds reliability_agents.py
 
@@ -66,7 +70,7 @@ def _runner(url: str, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=out)
 
 
-async def _stats(db: Path) -> object:
+async def _stats(db: Path) -> StoreStats:
     store = SQLiteStore(db)
     try:
         return await store.stats()
@@ -155,3 +159,73 @@ def test_kill_9_of_the_store_server_and_of_a_runner_mid_training(tmp_path: Path,
     others = {r.id: (r.status.value, r.error) for r in after.values() if r.status is not RolloutStatus.SUCCEEDED}
     assert all(error for _, error in others.values()), others  # each failure says why
     assert len(others) <= len(after) // 2, others  # the kills cost the rollouts in flight, not the run
+
+
+async def _unended(db: Path) -> dict[str, int]:
+    """Rollouts per status that has not ended (queued, running, requeued)."""
+    by_status = (await _stats(db)).rollouts_by_status
+    return {s: n for s, n in by_status.items() if n and s in ("queued", "running", "requeued")}
+
+
+STEPS = 8
+"""Of the run the trainer test kills: enough that the kill lands mid-run on a fast machine too."""
+
+
+def _trainer(run_dir: Path, model: Path, mode: str, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, str(AGENTS / "reliability_trainer.py"), str(run_dir), str(model), mode, str(STEPS)]
+    with log.open("ab") as err:
+        return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=err)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_trainer_and_its_gateway_mid_training_then_resume(tmp_path: Path, tiny_model_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    db = run_dir / "store.sqlite"
+    latest = run_dir / "checkpoints" / "latest"
+    log = tmp_path / "processes.log"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        trainer = _trainer(run_dir, tiny_model_path, "fresh", log)
+        procs.append(trainer)
+        deadline = time.monotonic() + 120
+        while not db.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        procs.append(_store_server(db, port))
+        procs.append(_runner(url, log))
+        deadline = time.monotonic() + 300  # generous: a loaded 2-core machine
+        while not latest.exists() and time.monotonic() < deadline and trainer.poll() is None:
+            time.sleep(0.02)
+        assert latest.exists(), f"no checkpoint in 300 s; log: {log.read_text()[-3000:]}"
+        trainer.send_signal(signal.SIGKILL)  # the trainer, its gateway and its engine, mid-run
+        trainer.wait(10)
+        before = asyncio.run(_ended(db))
+        resumed_from = int(latest.read_text().strip().removeprefix("step_"))
+        assert 1 <= resumed_from < STEPS, "the run ended before it could be killed: make it longer"
+
+        trainer = _trainer(run_dir, tiny_model_path, "resume", log)  # the runner keeps running
+        procs.append(trainer)
+        out, _ = trainer.communicate(timeout=400)
+        assert trainer.returncode == 0, f"the resumed run failed; log: {log.read_text()[-3000:]}"
+        trained = json.loads(out.decode().strip().splitlines()[-1])
+        assert trained == list(range(resumed_from + 1, STEPS + 1)), trained  # on from the checkpoint, to the end
+
+        deadline = time.monotonic() + 60  # the killed run's last rollouts end too (their gateway is gone)
+        while time.monotonic() < deadline:
+            if not asyncio.run(_unended(db)):
+                break
+            time.sleep(0.5)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+    after = asyncio.run(_ended(db))
+    for rid, rollout in before.items():  # nothing acknowledged was lost or changed
+        assert after[rid].status is rollout.status and after[rid].final_reward == rollout.final_reward
+    assert not asyncio.run(_unended(db))  # none was left running
+    others = {r.id: (r.status.value, r.error) for r in after.values() if r.status is not RolloutStatus.SUCCEEDED}
+    assert all(error for _, error in others.values()), others  # each failure says why
