@@ -11,6 +11,8 @@ rate and reward per step) to ``<out>/dpo_vs_grpo.md`` and stdout, and the number
 
     uv run python benchmarks/dpo_vs_grpo.py --seeds 0-2 --quick --threads 1
     uv run python benchmarks/dpo_vs_grpo.py --seeds 0-2 --quick --threads 1 --warm-only   # warm starts only
+    uv run python benchmarks/dpo_vs_grpo.py --seeds 1 --quick --threads 1 &    # seeds in parallel, then
+    uv run python benchmarks/dpo_vs_grpo.py --seeds 0-2 --quick --threads 1 --reuse-runs   # one table
 """
 
 from __future__ import annotations
@@ -80,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dpo-lr", type=float, default=None, help="DPO's learning rate (default: GRPO's, the demo's)")
     ap.add_argument("--algorithms", default="grpo,dpo", help="which RL phases to run per seed, comma-separated")
     ap.add_argument("--warm-only", action="store_true", help="only prepare the warm starts")
+    ap.add_argument(
+        "--reuse-runs",
+        action="store_true",
+        help="take a run that already finished in <out> (its result.json) instead of running it again, "
+        "so seeds run as separate processes can be tabled together",
+    )
     ap.add_argument("--out", default="runs/dpo_vs_grpo", help="folder for the warm starts, the runs and the table")
     args = ap.parse_args(argv)
     seeds = parse_seeds(args.seeds)
@@ -122,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for algorithm in algorithms:
             run_dir = folder / algorithm
+            done = run_dir / "result.json"
+            if args.reuse_runs and done.exists():
+                runs.append(json.loads(done.read_text()))
+                print(f"seed {seed} {algorithm}: reusing the finished run in {run_dir}", flush=True)
+                continue
             trainer_cfg = demo_trainer_config(str(warm), str(run_dir), cfg, progress=False, tensorboard=False)
             if algorithm == "dpo":
                 from lightning_rl.algorithms.dpo import DPOConfig
@@ -150,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pairs": per_step(metrics, "train/dpo_pairs"),
             }
             runs.append(row)
+            done.write_text(json.dumps({**row, "commit": git_commit()}, indent=2))
             print(
                 f"seed {seed} {algorithm}: {row['before']:.2f} -> {row['after']:.2f} in {row['seconds'] / 60:.1f} min",
                 flush=True,
