@@ -1,7 +1,7 @@
 """Fault tests for the durable stores: many claimers at once, and workers that die.
 
 * 8 claimer **processes** (and, separately, 8 asyncio claimers with their own connections) race
-  over 1,000 queued rollouts on one SQLite file / one PostgreSQL schema: every rollout attempt is
+  over 1,000 queued rollouts on one SQLite file / one PostgreSQL schema / one Redis key prefix: every rollout attempt is
   claimed exactly once, including the second attempts of rollouts whose first attempt failed.
 * A worker process that is ``kill -9``-ed mid-rollout stops heartbeating: the store times its
   attempt out, requeues the rollout, and fails it once ``max_attempts`` is used up.
@@ -31,7 +31,8 @@ RETRIED_EVERY = 5
 """Rollouts whose number is a multiple of this fail their first attempt and are retried once."""
 
 Backend = tuple[str, str, str | None]
-"""(kind, sqlite path or postgres dsn, postgres schema): picklable, so a child process can open it."""
+"""(kind, sqlite path / postgres dsn / redis url, postgres schema / redis key prefix): picklable, so a child
+process can open it."""
 
 _SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent runs threads (event loop, SQLite worker)
 
@@ -43,10 +44,18 @@ def _children_can_import_this_module(request: pytest.FixtureRequest, monkeypatch
     monkeypatch.syspath_prepend(str(request.config.rootpath))
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("redis", marks=pytest.mark.redis),
+    ]
+)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "sqlite":
         return ("sqlite", str(tmp_path / "store.db"), None)
+    if request.param == "redis":
+        return ("redis", request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix"))
     dsn: str = request.getfixturevalue("postgres_dsn")
     schema: str = request.getfixturevalue("postgres_schema")
     return ("postgres", dsn, schema)
@@ -58,6 +67,10 @@ async def open_backend(backend: Backend) -> LightningStore:
         from lightning_rl.store.sqlite import SQLiteStore
 
         return SQLiteStore(where)
+    if kind == "redis":
+        from lightning_rl.store.redis import RedisStore
+
+        return await RedisStore.open(where, prefix=schema, max_connections=4)
     from lightning_rl.store.postgres import PostgresStore
 
     return await PostgresStore.open(where, schema=schema, pool_size=2)

@@ -38,7 +38,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from lightning_rl.errors import InvalidRequestError, NotFoundError, StoreUnavailableError
+from lightning_rl.errors import InvalidRequestError, StoreUnavailableError
 from lightning_rl.store import _sql as q
 from lightning_rl.store._spanjson import dump_span
 from lightning_rl.store.base import (
@@ -80,6 +80,11 @@ SCHEMA_VERSION: Final = 1
 _RETRIES: Final = 200
 """Optimistic transactions retried this often before giving up (each conflict means another client
 changed the same rollout meanwhile, so progress is made by someone every time)."""
+
+_EXPIRE_BATCH: Final = 100
+"""Overdue attempts ended in one transaction."""
+_POOL_WAIT_S: Final = 60.0
+"""How long a call waits for a free connection before it reports the store unavailable."""
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -224,7 +229,7 @@ def _parse_url(url: str, prefix: str | None) -> tuple[str, str]:
 class RedisStore:
     """A store on a Redis server (see the module docstring). Create it with ``await RedisStore.open(url)``."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str, poll_s: float) -> None:
+    def __init__(self, client: aioredis.Redis, prefix: str, poll_s: float, max_connections: int) -> None:
         """Use ``RedisStore.open``; this only records the settings."""
         # redis-py types its replies as ``Awaitable[Any] | Any``; the store talks to it as Any.
         self._r: Any = client
@@ -232,6 +237,11 @@ class RedisStore:
         self._poll_s = poll_s
         self._closed = False
         self._waiters: set[asyncio.Event] = set()
+        # A transaction holds its WATCH connection while its reads take another from the pool: with
+        # at most max_connections - 1 transactions open, one connection is always left for those
+        # reads, so transactions can never wait on each other for connections (no deadlock).
+        self._txn_slots = asyncio.Semaphore(max_connections - 1)
+        self._expire_lock = asyncio.Lock()
         self._claim_lua: Any = self._r.register_script(_CLAIM_LUA)
         self._spans_lua: Any = self._r.register_script(_ADD_SPANS_LUA)
         self._resources_lua: Any = self._r.register_script(_ADD_RESOURCES_LUA)
@@ -251,11 +261,18 @@ class RedisStore:
             prefix: The prefix of every key (default ``lightning:``); one Redis database can hold
                 several stores under different prefixes.
             poll_s: How often ``wait_for_rollouts`` re-reads for other clients' changes.
-            max_connections: Most connections used at once.
+            max_connections: Most connections used at once (at least 2: a transaction holds one for
+                its ``WATCH`` while it reads on another).
         """
+        if max_connections < 2:
+            raise InvalidRequestError(f"max_connections must be >= 2, got {max_connections}.")
         redis_url, chosen = _parse_url(url, prefix)
-        client = aioredis.Redis.from_url(redis_url, decode_responses=True, max_connections=max_connections)
-        store = cls(client, chosen, poll_s)
+        # A blocking pool: a caller waits for a free connection instead of failing with "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            redis_url, max_connections=max_connections, timeout=_POOL_WAIT_S, decode_responses=True
+        )
+        client = aioredis.Redis.from_pool(pool)
+        store = cls(client, chosen, poll_s, max_connections)
         try:
             async with store._guard():
                 meta = store._p + "meta"
@@ -694,7 +711,7 @@ class RedisStore:
     async def _transact(self, body: Callable[[Any], Awaitable[tuple[T, Writes]]]) -> T:
         """Run ``body`` (which WATCHes, reads and returns a result plus the writes to queue) and commit
         the writes with MULTI/EXEC; start over when a watched key changed meanwhile."""
-        async with self._guard():
+        async with self._guard(), self._txn_slots:
             for attempt in range(_RETRIES):
                 async with self._r.pipeline(transaction=True) as pipe:
                     result, write = await body(pipe)
@@ -802,28 +819,53 @@ class RedisStore:
         return q.unshared([by_id[i] for i in ids if i in by_id])
 
     async def _expire(self, t: float) -> int:
-        """Time out running attempts past their deadline; one range query when there are none."""
-        due: list[str] = await self._r.zrangebyscore(self._k("running"), "-inf", repr(t))
+        """Time out running attempts past their deadline; one range query when there are none.
+
+        Callers in this process expire one at a time (the others wait, then find nothing due), and
+        each round ends up to ``_EXPIRE_BATCH`` attempts in one transaction."""
+        running = self._k("running")
+        if not await self._r.zrangebyscore(running, "-inf", repr(t), start=0, num=1):
+            return 0
         expired = 0
-        for aid in due:
-            expired += await self._expire_one(aid, t)
+        async with self._expire_lock:
+            for _ in range(1000):  # bounded: every round ends or drops what it found
+                due: list[str] = await self._r.zrangebyscore(running, "-inf", repr(t), start=0, num=_EXPIRE_BATCH)
+                if not due:
+                    break
+                expired += await self._expire_batch(due, t)
         return expired
 
-    async def _expire_one(self, attempt_id: str, t: float) -> int:
-        try:
-            rollout_id = await self._rollout_of(attempt_id)
-        except NotFoundError:  # pruned meanwhile
-            return 0
+    async def _expire_batch(self, attempt_ids: list[str], t: float) -> int:
+        reader = self._r.pipeline(transaction=False)
+        for aid in attempt_ids:
+            reader.hget(self._ak(aid), "rollout_id")
+        owners: list[str | None] = await reader.execute()
+        rollout_ids = list(dict.fromkeys(cast(str, json.loads(o)) for o in owners if o is not None))
 
         async def txn(pipe: Any) -> tuple[int, Writes]:
-            await pipe.watch(self._rk(rollout_id), self._ak(attempt_id))
-            rollout, attempt = await self._rollout(rollout_id), await self._attempt(attempt_id)
-            if attempt.status is not AttemptStatus.RUNNING or attempt.deadline is None or attempt.deadline > t:
-                return 0, lambda p: None  # finished or heartbeated since the range query
-            before = rollout.status
-            reason, message = expiry_reason(rollout.config, attempt, t)
-            q.end_attempt(rollout, attempt, AttemptStatus.TIMED_OUT, reason, message, None, now())
-            return 1, lambda p: self._write_changes(p, [(before, rollout, attempt)])
+            await pipe.watch(*(self._rk(r) for r in rollout_ids), *(self._ak(a) for a in attempt_ids))
+            rollouts = {r.id: r for r in await self._load_rollouts(rollout_ids) if r is not None}
+            attempts = dict(zip(attempt_ids, await self._load_attempts(attempt_ids), strict=True))
+            changes: list[tuple[RolloutStatus, Rollout, Attempt | None]] = []
+            drop: list[str] = []  # in the running set but not running (pruned): never expire them again
+            for aid, attempt in attempts.items():
+                rollout = rollouts.get(attempt.rollout_id) if attempt is not None else None
+                if attempt is None or rollout is None or attempt.status is not AttemptStatus.RUNNING:
+                    drop.append(aid)
+                    continue
+                if attempt.deadline is None or attempt.deadline > t:
+                    continue  # heartbeated since the range query
+                before = rollout.status
+                reason, message = expiry_reason(rollout.config, attempt, t)
+                q.end_attempt(rollout, attempt, AttemptStatus.TIMED_OUT, reason, message, None, now())
+                changes.append((before, rollout, attempt))
+
+            def write(p: Any) -> bool:
+                if drop:
+                    p.zrem(self._k("running"), *drop)
+                return self._write_changes(p, changes)
+
+            return len(changes), write
 
         return await self._transact(txn)
 
