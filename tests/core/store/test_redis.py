@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -333,3 +335,38 @@ async def test_concurrent_finish_cancel_and_expiry_end_each_attempt_once(redis_u
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_store_serve_backend_redis(redis_url: str, redis_prefix: str) -> None:
+    """``lightning-rl store serve --backend redis``: a client's writes land in Redis under the prefix."""
+    from lightning_rl.store.client import StoreClient
+    from lightning_rl.store.redis import RedisStore
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "lightning_rl.cli", "store", "serve", "--backend", "redis", "--redis-url", redis_url),
+        *("--prefix", redis_prefix, "--port", "0"),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
+        assert f"serving redis (prefix {redis_prefix!r}" in line, line
+        client = StoreClient(line.rsplit(" at ", 1)[1].strip())
+        try:
+            await client.enqueue([RolloutRequest(id="via-http", task=Task(input=1))])
+            (claim,) = await client.claim("http-worker")
+            await client.add_spans([Span(name="s", rollout_id="via-http", attempt_id=claim.attempt.id)])
+            await client.finish_attempt(claim.attempt.id, AttemptStatus.SUCCEEDED, reward=1.0)
+        finally:
+            await client.close()
+    finally:
+        proc.kill()
+        await proc.wait()
+    direct = await RedisStore.open(redis_url, prefix=redis_prefix)
+    try:
+        assert (await direct.get_rollout("via-http")).final_reward == 1.0
+        assert [s.name for s in await direct.query_spans(rollout_id="via-http")] == ["s"]
+    finally:
+        await direct.close()

@@ -30,13 +30,24 @@ def register(subparsers: Any) -> None:
         description="Serve a store over HTTP. Runners connect with StoreClient(url, token); OpenTelemetry "
         "exporters send spans to URL/v1/traces.",
     )
-    serve.add_argument("--backend", choices=("sqlite", "postgres", "memory"), default="sqlite", help="Storage backend.")
+    serve.add_argument(
+        "--backend", choices=("sqlite", "postgres", "redis", "memory"), default="sqlite", help="Storage backend."
+    )
     serve.add_argument("--path", default="lightning-store.db", help="SQLite database file (--backend sqlite).")
     serve.add_argument(
         "--dsn", default=None, help="PostgreSQL DSN, e.g. postgresql://user@host/db (--backend postgres)."
     )
     serve.add_argument(
         "--schema", default=None, help="PostgreSQL schema for the tables, created if absent (default: public)."
+    )
+    serve.add_argument(
+        "--redis-url",
+        default=None,
+        help="Redis URL, e.g. redis://host:6379/0 (--backend redis; default redis://127.0.0.1:6379/0). "
+        "The server's persistence settings decide what survives a crash: see docs/stores.md.",
+    )
+    serve.add_argument(
+        "--prefix", default=None, help="Redis key prefix, so one database can hold several stores (default lightning:)."
     )
     serve.add_argument("--host", default="127.0.0.1", help="Address to bind; anything but loopback needs --token.")
     serve.add_argument("--port", type=int, default=4747, help="Port to bind (0 picks a free one).")
@@ -81,7 +92,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise ImportError(
             f"the store server needs {', '.join(missing)}: install the server extra, pip install 'lightning-rl[server]'"
         )
-    asyncio.run(_run(args.backend, args.path, args.dsn, args.schema, args.host, args.port, token))
+    where = args.redis_url if args.backend == "redis" else args.dsn
+    schema = args.prefix if args.backend == "redis" else args.schema
+    asyncio.run(_run(args.backend, args.path, where, schema, args.host, args.port, token))
     return 0
 
 
@@ -99,6 +112,11 @@ async def _run(
         assert dsn is not None
         store = await PostgresStore.open(dsn, schema=schema)
         where = f"postgres (schema {schema or 'public'})"
+    elif backend == "redis":
+        from lightning_rl.store.redis import DEFAULT_URL, RedisStore
+
+        redis = await RedisStore.open(dsn or DEFAULT_URL, prefix=schema)
+        store, where = redis, f"redis (prefix {redis.prefix!r}, appendonly {redis.persistence.get('appendonly', '?')})"
     elif backend == "memory":
         store, where = await open_store("memory://"), "memory (not durable)"
     else:

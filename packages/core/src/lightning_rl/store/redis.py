@@ -292,6 +292,11 @@ class RedisStore:
     def __repr__(self) -> str:
         return f"RedisStore(prefix={self._p!r})"
 
+    @property
+    def prefix(self) -> str:
+        """The prefix of every key this store writes."""
+        return self._p
+
     async def _read_persistence(self) -> None:
         try:
             for name in ("appendonly", "appendfsync", "save"):
