@@ -44,7 +44,8 @@ def test_the_fixed_pairs_margins_by_hand() -> None:
 
 def test_dpo_sigmoid_loss_equals_a_hand_computation() -> None:
     beta = 0.5
-    terms = preference_loss(*_tensors()[:4], _tensors()[4], beta=beta, loss="sigmoid")
+    pc, pr, rc, rr, w = _tensors()
+    terms = preference_loss(pc, pr, rc, rr, w, beta=beta, loss="sigmoid")
     # -log sigmoid(x) = log(1 + exp(-x)); h = [1, -1, 0], so beta h = [0.5, -0.5, 0]
     expected = 0.5 * math.log1p(math.exp(-0.5)) + 0.25 * math.log1p(math.exp(0.5)) + 0.25 * math.log(2.0)
     assert float(terms.loss) == pytest.approx(expected, rel=1e-12)
@@ -56,7 +57,8 @@ def test_dpo_sigmoid_loss_equals_a_hand_computation() -> None:
 
 def test_ipo_loss_equals_a_hand_computation() -> None:
     beta = 0.25  # target margin 1 / (2 beta) = 2
-    terms = preference_loss(*_tensors()[:4], _tensors()[4], beta=beta, loss="ipo")
+    pc, pr, rc, rr, w = _tensors()
+    terms = preference_loss(pc, pr, rc, rr, w, beta=beta, loss="ipo")
     expected = 0.5 * (1.0 - 2.0) ** 2 + 0.25 * (-1.0 - 2.0) ** 2 + 0.25 * (0.0 - 2.0) ** 2
     assert float(terms.loss) == pytest.approx(expected, rel=1e-12)
 
@@ -74,10 +76,11 @@ def test_dpo_gradient_pushes_chosen_up_and_rejected_down() -> None:
 
 
 def test_bad_preference_settings_are_rejected() -> None:
+    pc, pr, rc, rr, w = _tensors()
     with pytest.raises(ValueError, match="beta"):
-        preference_loss(*_tensors()[:4], _tensors()[4], beta=0.0)
+        preference_loss(pc, pr, rc, rr, w, beta=0.0)
     with pytest.raises(ValueError, match="sigmoid"):
-        preference_loss(*_tensors()[:4], _tensors()[4], loss="hinge")  # type: ignore[arg-type]
+        preference_loss(pc, pr, rc, rr, w, loss="hinge")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="beta"):
         DPOConfig(beta=-1.0)
     with pytest.raises(ValueError, match="margin"):
@@ -267,8 +270,8 @@ async def test_two_preference_steps_move_the_chosen_minus_rejected_margin_up(tin
     policy = _policy(tiny_model_path, lr=1e-4)
 
     def margin() -> float:
-        chosen = policy.logprobs([c for c, _ in pairs for c in c])
-        rejected = policy.logprobs([r for _, r in pairs for r in r])
+        chosen = policy.logprobs([t for side, _ in pairs for t in side])
+        rejected = policy.logprobs([t for _, side in pairs for t in side])
         return sum(map(sum, chosen)) - sum(map(sum, rejected))
 
     start = margin()
