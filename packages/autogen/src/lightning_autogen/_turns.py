@@ -1,23 +1,16 @@
 """One agent turn, observed: the agent's role for its model calls, and its tool calls as tool spans.
 
 AutoGen runs every agent turn through ``on_messages_stream`` (teams call it directly; a standalone
-``AssistantAgent.run`` reaches it through ``on_messages``). Wrapping that async generator gives the
-plugin everything it needs without touching the framework's internals:
-
-* each step of the turn runs inside :func:`~lightning_rl.plugins.acting_as` (the agent's name),
-  so the model calls it makes carry the agent's role (see ``_routing``). The role is set only while
-  the agent's own code runs and reset before each event is handed back, so it never leaks into
-  the caller;
-* the events it yields include ``ToolCallRequestEvent`` (the model's tool calls, with the ids the
-  gateway parsed from the response) and ``ToolCallExecutionEvent`` (one ``FunctionExecutionResult``
-  per call, with ``call_id`` and ``is_error``): each result becomes a core tool span, joined to the
-  requesting model call by that id, hence an AIR ``tool_success`` / ``tool_error`` signal.
+``AssistantAgent.run`` through ``on_messages``). Wrapping that async generator is enough: each step
+runs inside :func:`~lightning_rl.plugins.acting_as` (the agent's name), reset before each event is
+handed back so the role never leaks into the caller; and each ``FunctionExecutionResult`` of a
+``ToolCallExecutionEvent`` becomes a tool span joined by ``call_id`` to the model call whose
+``ToolCallRequestEvent`` asked for it (an AIR ``tool_success`` / ``tool_error`` signal).
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,10 +23,11 @@ from autogen_agentchat.messages import (
 )
 from autogen_core import CancellationToken, FunctionCall
 
-from lightning_rl.plugins import acting_as, guarded, record_role, record_tool
+from lightning_rl.plugins import Bounded, acting_as, guarded, record_role, record_tool
+from lightning_rl.roles import RoleSelector
 from lightning_rl.tracing import current_rollout
 
-__all__ = ["StreamFn", "TrainableOf", "observed_stream", "declare_trainable"]
+__all__ = ["StreamFn", "TrainableOf", "observed_stream", "declare_trainable", "trainable_flags"]
 
 StreamItem = BaseAgentEvent | BaseChatMessage | Response
 StreamFn = Callable[[Sequence[BaseChatMessage], CancellationToken], AsyncGenerator[StreamItem]]
@@ -41,8 +35,12 @@ StreamFn = Callable[[Sequence[BaseChatMessage], CancellationToken], AsyncGenerat
 TrainableOf = Callable[[], Mapping[str, bool]]
 """The trainable flags to declare for an attempt (role -> flag); empty when the user chose none."""
 
-_MAX_ATTEMPTS = 4096
-_declared: OrderedDict[str, set[str]] = OrderedDict()
+_declared: Bounded[str, set[str]] = Bounded(4096)  # attempt id -> roles declared
+
+
+def trainable_flags(selection: Callable[[], RoleSelector | None], roles: Sequence[str]) -> TrainableOf:
+    """The flags of ``roles`` under the selection current when asked (none when the user chose none)."""
+    return lambda: {} if (chosen := selection()) is None else {role: chosen(role) for role in roles}
 
 
 @guarded
@@ -52,10 +50,8 @@ def declare_trainable(trainable: TrainableOf) -> None:
     flags = {} if ctx is None else trainable()
     if ctx is None or not flags:
         return
-    done = _declared.setdefault(ctx.attempt_id, set())
-    _declared.move_to_end(ctx.attempt_id)
-    while len(_declared) > _MAX_ATTEMPTS:
-        _declared.popitem(last=False)
+    done = _declared.get(ctx.attempt_id) or set()
+    _declared.put(ctx.attempt_id, done)
     for role, flag in flags.items():
         if role not in done:
             record_role(role, trainable=flag, agent_name=role)

@@ -9,19 +9,20 @@ walks the team (nested teams too) and, for each agent:
 * routes its model client to the rollout's gateway with the agent's name as role (``_routing``);
 
 and routes the team's own model client, if it has one (``SelectorGroupChat``'s speaker selector),
-under ``selector_role``. Outside a rollout nothing changes: requests go where the client points.
+under ``selector_role``. Each wrap records what it changed on its own install handle, which
+``unwrap`` restores. Outside a rollout nothing changes: requests go where the client points.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from autogen_agentchat.base import ChatAgent, Team
 
-from lightning_autogen._routing import add_owner, http_client_of, remove_owner
-from lightning_autogen._turns import StreamFn, observed_stream
+from lightning_autogen._routing import route
+from lightning_autogen._turns import StreamFn, observed_stream, trainable_flags
+from lightning_rl.plugins import Patches, http_client_of
 from lightning_rl.roles import RoleSelector, RoleSpec
 
 __all__ = ["wrap", "unwrap", "is_wrapped"]
@@ -31,22 +32,13 @@ _log = logging.getLogger("lightning_rl.plugins.autogen")
 T = TypeVar("T", bound=ChatAgent | Team)
 
 
-@dataclass
-class _Wrapping:
-    """What one ``wrap`` changed, so ``unwrap`` can undo exactly that."""
-
-    agents: list[ChatAgent] = field(default_factory=list[ChatAgent])
-    """Agents whose ``on_messages_stream`` this wrap replaced."""
-    owners: list[tuple[Any, str | None, str | None]] = field(default_factory=list[tuple[Any, str | None, str | None]])
-
-
 _STATE = "_lightning_autogen_wrapping"
-"""The attribute holding a wrapped object's ``_Wrapping`` (on the object, so it dies with it)."""
+"""The attribute holding a wrapped object's install handle (on the object, so it dies with it)."""
 
 
-def _state(target: ChatAgent | Team) -> _Wrapping | None:
+def _state(target: ChatAgent | Team) -> Patches | None:
     state: Any = vars(target).get(_STATE)
-    return state if isinstance(state, _Wrapping) else None
+    return state if isinstance(state, Patches) else None
 
 
 def _members(target: ChatAgent | Team) -> tuple[list[ChatAgent], list[Any]]:
@@ -90,42 +82,32 @@ def wrap(target: T, *, trainable: RoleSpec | RoleSelector = None, selector_role:
     agents, team_clients = _members(target)
     selection = None if trainable is None else RoleSelector.of(trainable)
     roles = [agent.name for agent in agents] + ([selector_role] if team_clients else [])
+    flags = trainable_flags(lambda: selection, roles)
 
-    def flags() -> dict[str, bool]:
-        return {} if selection is None else {role: selection(role) for role in roles}
-
-    done = _Wrapping()
+    patches = Patches()
     for agent in agents:
-        current: Any = vars(agent).get("on_messages_stream")
-        if current is None:  # not wrapped by another wrap() (that one's settings then apply)
+        if "on_messages_stream" not in vars(agent):  # not wrapped by another wrap() (its settings then apply)
             method: Any = type(agent).on_messages_stream
             # Under AutoGenInstrumentor the class method is already observed: wrap the original instead.
             original: StreamFn = getattr(method, "__lightning_original__", method).__get__(agent)
-            agent.on_messages_stream = observed_stream(agent.name, original, flags)  # pyright: ignore[reportAttributeAccessIssue]
-            done.agents.append(agent)
+            patches.patch(agent, "on_messages_stream", observed_stream(agent.name, original, flags))
         client: Any = getattr(agent, "_model_client", None)
-        if client is not None and add_owner(client, agent=agent.name):
-            done.owners.append((client, agent.name, None))
+        if client is not None:
+            route(patches, client, agent=agent.name)
     for client in team_clients:
-        if add_owner(client, selector=selector_role):
-            done.owners.append((client, None, selector_role))
+        route(patches, client, selector=selector_role)
     unrouted = [a.name for a in agents if http_client_of(getattr(a, "_model_client", None)) is None]
     if unrouted:
         _log.debug("agents without an OpenAI model client (not routed): %s", unrouted)
-    setattr(target, _STATE, done)
+    patches.patch(target, _STATE, patches)  # restoring removes it again
     return target
 
 
 def unwrap(target: ChatAgent | Team) -> None:
     """Undo :func:`wrap`: the agents' streams and model clients are as before; a no-op if not wrapped."""
-    done = _state(target)
-    if done is None:
-        return
-    delattr(target, _STATE)
-    for agent in done.agents:
-        vars(agent).pop("on_messages_stream", None)
-    for client, agent_name, selector in done.owners:
-        remove_owner(client, agent=agent_name, selector=selector)
+    patches = _state(target)
+    if patches is not None:
+        patches.restore()
 
 
 def is_wrapped(target: ChatAgent | Team) -> bool:

@@ -22,33 +22,28 @@ So the work that must happen in the agent's own thread, at request time, is done
    of the call it executes in a context variable. CrewAI's tool events carry no id, but the bus
    copies the emitting context into the handler, so the listener reads the exact id there.
 
-Each patch is undone by :func:`unpatch`; the wrappers never alter what the wrapped code returns or
-raises, and their own bookkeeping is :func:`~lightning_rl.plugins.guarded`.
+Each patch is recorded on the plugin's install handle, which undoes it; the wrappers never alter
+what the wrapped code returns or raises, and their own bookkeeping is
+:func:`~lightning_rl.plugins.guarded`.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from typing import Any
 
-import httpx
 from crewai.agents.agent_executor import AgentExecutor
 from crewai.llms.providers.openai.completion import OpenAICompletion
 from crewai.utilities.agent_utils import extract_tool_call_info
 
-from lightning_rl.plugins import acting_as, guarded, install_hooks, remove_hooks
+from lightning_rl.plugins import Patches, acting_as, guarded
 
-__all__ = ["patch", "unpatch", "current_tool_call_id", "agent_role_of_call"]
+__all__ = ["install", "current_tool_call_id", "agent_role_of_call"]
 
 _tool_call_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("lightning_crewai_tool_call", default=None)
-
-# (owner class, attribute name) -> the original attribute, while patched.
-_originals: dict[tuple[type[Any], str], Any] = {}
-# httpx clients we put the routing hook on, so uninstrument can take it off again.
-_hooked: weakref.WeakSet[httpx.Client | httpx.AsyncClient] = weakref.WeakSet()
 
 # Position of ``from_agent`` in ``call(messages, tools, callbacks, available_functions, from_task, from_agent)``.
 _FROM_AGENT_POSITION = 5
@@ -70,42 +65,33 @@ def agent_role_of_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | N
 
 
 @guarded
-def _hook_client(openai_client: Any) -> None:
-    http = getattr(openai_client, "_client", None)  # the httpx client inside openai.OpenAI / AsyncOpenAI
-    if isinstance(http, httpx.Client | httpx.AsyncClient) and install_hooks(http):
-        _hooked.add(http)
-
-
-@guarded
 def _tool_call_id_of(tool_call: Any) -> str | None:
     info = extract_tool_call_info(tool_call)
     return str(info[0]) if info and info[0] else None
 
 
-def _wrap_get_client(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    @functools.wraps(original)
-    def get_client(self: Any) -> Any:
-        client = original(self)
-        _hook_client(client)
-        return client
-
-    return get_client
+@contextmanager
+def _model_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Generator[None]:
+    """Run a model call as its agent's role. A model call also starts a new context for tools: an
+    outer tool's call id (a coworker delegated to from inside a tool) must not be claimed by the
+    tools this call leads to."""
+    role = agent_role_of_call(args, kwargs)
+    token = _tool_call_id.set(None)
+    try:
+        if role is None:
+            yield
+        else:
+            with acting_as(role):
+                yield
+    finally:
+        _tool_call_id.reset(token)
 
 
 def _wrap_call(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        role = agent_role_of_call(args, kwargs)
-        # A model call starts a new context for tools: an outer tool's call id (a coworker
-        # delegated to from inside a tool) must not be claimed by the tools this call leads to.
-        token = _tool_call_id.set(None)
-        try:
-            if role is None:
-                return original(self, *args, **kwargs)
-            with acting_as(role):
-                return original(self, *args, **kwargs)
-        finally:
-            _tool_call_id.reset(token)
+        with _model_call(args, kwargs):
+            return original(self, *args, **kwargs)
 
     return call
 
@@ -113,15 +99,8 @@ def _wrap_call(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_acall(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def acall(self: Any, *args: Any, **kwargs: Any) -> Any:
-        role = agent_role_of_call(args, kwargs)
-        token = _tool_call_id.set(None)  # as in call(): no outer tool's id leaks into this call's tools
-        try:
-            if role is None:
-                return await original(self, *args, **kwargs)
-            with acting_as(role):
-                return await original(self, *args, **kwargs)
-        finally:
-            _tool_call_id.reset(token)
+        with _model_call(args, kwargs):
+            return await original(self, *args, **kwargs)
 
     return acall
 
@@ -138,30 +117,20 @@ def _wrap_tool_call(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any],
     return execute
 
 
-_PATCHES: tuple[tuple[type[Any], str, Callable[[Any], Any]], ...] = (
-    (OpenAICompletion, "_get_sync_client", _wrap_get_client),
-    (OpenAICompletion, "_get_async_client", _wrap_get_client),
-    (OpenAICompletion, "call", _wrap_call),
-    (OpenAICompletion, "acall", _wrap_acall),
-    (AgentExecutor, "_execute_single_native_tool_call", _wrap_tool_call),
-)
+def install(patches: Patches) -> None:
+    """Apply every patch through the plugin's install handle (which undoes them)."""
 
+    def wrap_get_client(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        @functools.wraps(original)
+        def get_client(self: Any) -> Any:
+            client = original(self)
+            guarded(patches.hook_client)(client)  # the httpx client inside openai.OpenAI / AsyncOpenAI
+            return client
 
-def patch() -> None:
-    """Apply every patch once (a second call is a no-op)."""
-    for owner, name, wrap in _PATCHES:
-        if (owner, name) in _originals:
-            continue
-        original = owner.__dict__[name]
-        _originals[(owner, name)] = original
-        setattr(owner, name, wrap(original))
+        return get_client
 
-
-def unpatch() -> None:
-    """Restore the original attributes and take the routing hook off every client we hooked."""
-    for (owner, name), original in list(_originals.items()):
-        setattr(owner, name, original)
-        del _originals[(owner, name)]
-    for http in list(_hooked):
-        remove_hooks(http)
-    _hooked.clear()
+    patches.wrap(OpenAICompletion, "_get_sync_client", wrap_get_client)
+    patches.wrap(OpenAICompletion, "_get_async_client", wrap_get_client)
+    patches.wrap(OpenAICompletion, "call", _wrap_call)
+    patches.wrap(OpenAICompletion, "acall", _wrap_acall)
+    patches.wrap(AgentExecutor, "_execute_single_native_tool_call", _wrap_tool_call)

@@ -27,8 +27,6 @@ class CrewAIInstrumentor(Instrumentor):
     supported: ClassVar[str] = ">=1.15,<2"
     install_hint: ClassVar[str] = "pip install 'lightning-crewai[crewai]'"
 
-    _listener: Any = None
-
     def _instrument(self, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"CrewAIInstrumentor.instrument() takes no options {sorted(kwargs)}; pass trainable= only.")
@@ -36,13 +34,5 @@ class CrewAIInstrumentor(Instrumentor):
         from lightning_crewai import _patches
         from lightning_crewai._listener import CrewAIListener
 
-        _patches.patch()
-        self._listener = CrewAIListener(self.is_trainable)
-
-    def _uninstrument(self) -> None:
-        from lightning_crewai import _patches
-
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-        _patches.unpatch()
+        _patches.install(self.patches)
+        self.patches.on_restore(CrewAIListener(self.is_trainable).close)

@@ -18,10 +18,8 @@ Every callback is :func:`~lightning_rl.plugins.guarded`: a bug here never reache
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from agents.tracing import (
@@ -35,61 +33,9 @@ from agents.tracing import (
     get_current_span,
 )
 
-from lightning_rl.plugins import guarded, record_role, record_tool
+from lightning_rl.plugins import ToolCallRef, guarded, record_role, record_tool, same_arguments, tool_calls_in
 
-__all__ = ["LightningTracingProcessor", "ToolCallRef"]
-
-
-@dataclass(frozen=True)
-class ToolCallRef:
-    """A tool call the model requested: its id, tool name and JSON arguments."""
-
-    call_id: str
-    name: str
-    arguments: str | None
-
-
-def _same_arguments(a: str | None, b: str | None) -> bool:
-    """Whether two JSON argument strings say the same thing (key order and spacing aside)."""
-    if a is None or b is None:
-        return True  # unknown on one side: the name alone decides
-    try:
-        return json.loads(a) == json.loads(b)
-    except (TypeError, ValueError):
-        return str(a).strip() == str(b).strip()
-
-
-def _field(obj: Any, name: str) -> Any:
-    """``obj.name`` or ``obj[name]``: the SDK keeps model output as pydantic objects or dicts."""
-    if isinstance(obj, Mapping):
-        return obj.get(name)  # pyright: ignore[reportUnknownMemberType]
-    return getattr(obj, name, None)
-
-
-def _calls_from_items(items: Iterable[Any] | None) -> list[ToolCallRef]:
-    """Tool calls in model output: chat messages (``tool_calls``), responses-API items
-    (``type == "function_call"``) or whole responses (their ``output``), as pydantic objects or dicts.
-
-    A streamed chat-completions generation records the SDK's assembled ``Response`` here, a plain
-    one the assistant message; both forms are read.
-    """
-    found: list[ToolCallRef] = []
-    for item in items or ():
-        nested = _field(item, "output")
-        if isinstance(nested, list | tuple):
-            found.extend(_calls_from_items(nested))  # pyright: ignore[reportUnknownArgumentType]
-            continue
-        if _field(item, "type") == "function_call":
-            call_id, name = _field(item, "call_id"), _field(item, "name")
-            if call_id and name:
-                found.append(ToolCallRef(str(call_id), str(name), _field(item, "arguments")))
-            continue
-        for call in _field(item, "tool_calls") or ():
-            function = _field(call, "function")
-            call_id, name = _field(call, "id"), _field(function, "name")
-            if call_id and name:
-                found.append(ToolCallRef(str(call_id), str(name), _field(function, "arguments")))
-    return found
+__all__ = ["LightningTracingProcessor"]
 
 
 def _error_text(error: Mapping[str, Any]) -> str:
@@ -152,10 +98,13 @@ class LightningTracingProcessor(TracingProcessor):
     @guarded
     def on_trace_end(self, trace: Trace) -> None:
         with self._lock:
-            for span_id in self._by_trace.pop(trace.trace_id, set()):
-                self._parent.pop(span_id, None)
-                self._agent.pop(span_id, None)
-                self._pending.pop(span_id, None)
+            self._drop(self._by_trace.pop(trace.trace_id, set()))
+
+    def _drop(self, span_ids: Iterable[str]) -> None:
+        for span_id in span_ids:
+            self._parent.pop(span_id, None)
+            self._agent.pop(span_id, None)
+            self._pending.pop(span_id, None)
 
     @guarded
     def on_span_start(self, span: Span[Any]) -> None:
@@ -170,11 +119,11 @@ class LightningTracingProcessor(TracingProcessor):
     def on_span_end(self, span: Span[Any]) -> None:
         data = span.span_data
         if isinstance(data, GenerationSpanData):
-            self._model_call_ended(span, None, _calls_from_items(data.output))
+            self._model_call_ended(span, None, tool_calls_in(data.output))
         elif isinstance(data, ResponseSpanData):
             response = data.response
             response_id = str(response.id) if response is not None and response.id else None
-            self._model_call_ended(span, response_id, _calls_from_items([response] if response is not None else None))
+            self._model_call_ended(span, response_id, tool_calls_in([response] if response is not None else None))
         elif isinstance(data, FunctionSpanData):
             self._tool_ended(span, data)
         self._forget(span)
@@ -184,9 +133,7 @@ class LightningTracingProcessor(TracingProcessor):
         """Drop an ended span: its children ended before it, so nothing asks about it any more.
         (One trace may wrap a whole training loop; waiting for its end would grow without bound.)"""
         with self._lock:
-            self._parent.pop(span.span_id, None)
-            self._agent.pop(span.span_id, None)
-            self._pending.pop(span.span_id, None)
+            self._drop([span.span_id])
             live = self._by_trace.get(span.trace_id)
             if live is not None:
                 live.discard(span.span_id)
@@ -195,10 +142,8 @@ class LightningTracingProcessor(TracingProcessor):
 
     def shutdown(self) -> None:
         with self._lock:
-            self._parent.clear()
-            self._agent.clear()
+            self._drop(list(self._parent))
             self._by_trace.clear()
-            self._pending.clear()
 
     def force_flush(self) -> None:
         return None
@@ -225,7 +170,7 @@ class LightningTracingProcessor(TracingProcessor):
         with self._lock:
             calls = self._pending.get(turn_id, [])
             for i, call in enumerate(calls):
-                if call.name == name and _same_arguments(call.arguments, arguments):
+                if call.name == name and same_arguments(call.arguments, arguments):
                     return calls.pop(i)
         return None
 

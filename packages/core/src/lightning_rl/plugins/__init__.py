@@ -35,6 +35,8 @@ from lightning_rl.plugins.routing import (
     routed_async_client,
     routed_client,
 )
+from lightning_rl.plugins.runs import Bounded, ToolRun, ToolRuns
+from lightning_rl.plugins.tool_calls import ToolCallRef, same_arguments, tool_calls_in
 
 __all__ = [
     "Instrumentor",
@@ -46,6 +48,12 @@ __all__ = [
     "record_tool",
     "guarded",
     "PluginFailures",
+    "Bounded",
+    "ToolRun",
+    "ToolRuns",
+    "ToolCallRef",
+    "tool_calls_in",
+    "same_arguments",
     "ENTRY_POINT_GROUP",
     "PluginInfo",
     "available_plugins",

@@ -83,9 +83,10 @@ class Patches:
     def original(self, owner: object, name: str) -> Any:
         """What ``owner.name`` was before this handle patched it (its current value if not patched)."""
         entry = self._originals.get((id(owner), name))
-        if entry is None or entry[2] is _MISSING:
-            return getattr(owner, name)
-        return entry[2]
+        if entry is None:
+            own = vars(owner) if hasattr(owner, "__dict__") else {}
+            return own[name] if name in own else getattr(owner, name)
+        return getattr(owner, name) if entry[2] is _MISSING else entry[2]
 
     def patch(self, owner: object, name: str, new: Any) -> Any:
         """Set ``owner.name = new``, remembering the original the first time; returns the original.
@@ -120,15 +121,15 @@ class Patches:
         """Route the requests of ``obj`` (an httpx client, or an ``openai`` client holding one) to the
         current attempt, with ``role`` (default: the handle's) as this handle's role source.
 
-        Returns True when the client is routed by this handle (now or already); False when ``obj``
-        has no httpx client. Once per client: a second call keeps the first role source.
+        Returns True when this call added the client; False when this handle routes it already
+        (the first role source stays) or ``obj`` has no httpx client.
         """
         http = http_client_of(obj)
         if http is None:
             return False
         with self._lock:
             if http in self._clients:
-                return True
+                return False
             add_route_user(http, self, role if role is not None else self.role)
             self._clients.add(http)
             ref = weakref.ref(http)
