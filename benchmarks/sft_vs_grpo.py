@@ -1,21 +1,25 @@
 """SFT from traces against GRPO on the demo task: held-out gain and wall time at the same rollout budget.
 
-Per seed this script warm-starts the demo's tiny model once (exactly as ``lightning-rl demo --quick``
-does), then runs two phases from that same warm start:
+The demo's tiny model is warm-started once (exactly as ``lightning-rl demo --quick`` does for
+``--warm-seed``; reused when ``<out>/warm_start`` is already there), then each phase runs from that
+same warm start, once per ``--seed``:
 
-- **GRPO**: the demo's RL phase (``demo_trainer_config``; the quick configuration: 6 steps x 8 tasks
-  x 8 rollouts), its tuned learning rate;
+- **GRPO**: the demo's RL phase (``demo_trainer_config``, the quick configuration: 6 steps x 8 tasks
+  x 8 rollouts, 50 held-out tasks decoded greedily) with its tuned learning rate;
 - **SFT from traces** (``lightning_rl.algorithms.SFT``): the same steps, tasks per step, rollouts per
   task, sampling and held-out tasks, so both see the same number of training rollouts; each round
-  fine-tunes on the attempts with reward >= ``--min-reward`` (their recorded token ids), ``--sft-epochs``
-  passes at ``--sft-lr``.
+  fine-tunes on the attempts with reward >= ``--min-reward`` (their recorded token ids),
+  ``--sft-epochs`` passes at ``--sft-lr``.
 
-One process per seed writes ``<out>/seed<N>/result.json``; ``--report`` gathers every seed found under
-``<out>`` into a markdown table (held-out before/after and gain per phase, wall time of each phase;
-mean and min of the gains), headed by the date, commit, commands and machine, to ``<out>/sft_vs_grpo.md``.
-``--readme FILE`` pastes that table between ``<!-- sft-vs-grpo:begin -->`` and ``<!-- sft-vs-grpo:end -->``.
+The seed of a phase seeds its task batches and torch (the sampled tokens differ anyway: rollout
+requests carry no seed). Each ``--phase P --seed N`` process writes ``<out>/<P>-seed<N>/result.json``,
+so phases and seeds can run side by side; ``--report`` gathers every result under ``<out>`` into a
+markdown table (held-out before/after, gain and wall time per phase and seed; mean and min of the
+gains), headed by the date, commit, commands and machine, written to ``<out>/sft_vs_grpo.md``;
+``--readme FILE`` pastes it between ``<!-- sft-vs-grpo:begin -->`` and ``<!-- sft-vs-grpo:end -->``.
 
-    uv run python benchmarks/sft_vs_grpo.py --seed 0 --threads 1       # one seed (run seeds 1, 2 likewise)
+    uv run python benchmarks/sft_vs_grpo.py --warm-only --threads 1
+    uv run python benchmarks/sft_vs_grpo.py --phase grpo --seed 0 --threads 1   # and sft, seeds 1, 2
     uv run python benchmarks/sft_vs_grpo.py --report --readme benchmarks/README.md
 """
 
@@ -61,99 +65,114 @@ def train_rollouts(metrics: Path) -> int:
     return int(sum(r.get("train/n_rollouts", 0) for r in rows))
 
 
-def run_seed(args: argparse.Namespace) -> dict[str, Any]:
+def shared_warm_start(args: argparse.Namespace) -> tuple[Path, float | None]:
+    """The warm start of ``--warm-seed`` under ``<out>/warm_start``: made once, then reused."""
+    from lightning_rl.demo.calculator import make_tasks
+    from lightning_rl.demo.run import DemoConfig, warm_start
+    from lightning_rl.engine.models import resolve_model
+
+    folder = Path(args.out) / "warm_start"
+    if (folder / "warm_start.json").exists():
+        return folder, None
+    cfg = DemoConfig.quick(seed=args.warm_seed, progress=False)
+    tasks = make_tasks(cfg.n_train + cfg.n_val + cfg.n_probe, seed=cfg.seed)
+    t0 = time.perf_counter()
+    warm_start(resolve_model("tiny"), folder, cfg, tasks[: cfg.n_train], tasks[cfg.n_train + cfg.n_val :])
+    seconds = time.perf_counter() - t0
+    (folder / "warm_start_s.txt").write_text(f"{seconds:.1f}\n")
+    return folder, seconds
+
+
+def run_phase(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     from lightning_rl.algorithms.sft import SFT, SFTConfig
     from lightning_rl.demo.calculator import calculator_agent, make_tasks
-    from lightning_rl.demo.run import DemoConfig, demo_trainer_config, warm_start
-    from lightning_rl.engine.models import resolve_model
+    from lightning_rl.demo.run import DemoConfig, demo_trainer_config
     from lightning_rl.trainer import Trainer, TrainerConfig
 
-    cfg = DemoConfig.quick(seed=args.seed, progress=False)
-    out = Path(args.out) / f"seed{args.seed}"
-    tasks = make_tasks(cfg.n_train + cfg.n_val + cfg.n_probe, seed=cfg.seed)
-    train, val = tasks[: cfg.n_train], tasks[cfg.n_train : cfg.n_train + cfg.n_val]
-    probe = tasks[cfg.n_train + cfg.n_val :]
-    t0 = time.perf_counter()
-    warm = warm_start(resolve_model("tiny"), out / "warm_start", cfg, train, probe)
-    warm_s = time.perf_counter() - t0
-    print(f"seed {args.seed}: warm start {warm_s:.0f} s", flush=True)
-
-    phases: dict[str, dict[str, Any]] = {}
-    grpo_cfg = demo_trainer_config(str(warm), str(out / "grpo"), cfg, progress=False, tensorboard=False)
-    shared = {f.name: getattr(grpo_cfg, f.name) for f in dataclasses.fields(TrainerConfig)}
-    shared["backend"] = dataclasses.replace(grpo_cfg.backend, lr=args.sft_lr)
-    sft_cfg = SFTConfig(
-        **{**shared, "run_dir": str(out / "sft"), "update_rule": "sft"},
-        min_reward=args.min_reward,
-        sft_epochs=args.sft_epochs,
-        sft_batch_size=args.sft_batch_size,
-    )
-    for name, algorithm in (("grpo", Trainer(grpo_cfg)), ("sft", SFT(sft_cfg))):
-        t0 = time.perf_counter()
-        result = algorithm.fit(calculator_agent, train, val)
-        seconds = time.perf_counter() - t0
-        phases[name] = {
-            "before": result.val_before,
-            "after": result.val_after,
-            "seconds": seconds,
-            "train_rollouts": train_rollouts(result.run_dir / "metrics.jsonl"),
-        }
-        print(
-            f"seed {args.seed} {name}: {result.val_before:.2f} -> {result.val_after:.2f} in {seconds:.0f} s", flush=True
+    warm, _ = shared_warm_start(args)
+    demo = DemoConfig.quick(seed=args.warm_seed, progress=False)
+    tasks = make_tasks(demo.n_train + demo.n_val + demo.n_probe, seed=demo.seed)
+    train, val = tasks[: demo.n_train], tasks[demo.n_train : demo.n_train + demo.n_val]
+    run_dir = Path(args.out) / f"{args.phase}-seed{args.seed}"
+    # the phase's seed: task batches, torch, the backend; everything else is the demo's
+    phase = dataclasses.replace(demo, seed=args.seed)
+    grpo_cfg = demo_trainer_config(str(warm), str(run_dir), phase, progress=False, tensorboard=False)
+    if args.phase == "grpo":
+        algorithm: Trainer = Trainer(grpo_cfg)
+        lr = grpo_cfg.backend.lr
+    else:
+        shared = {f.name: getattr(grpo_cfg, f.name) for f in dataclasses.fields(TrainerConfig)}
+        shared["backend"] = dataclasses.replace(grpo_cfg.backend, lr=args.sft_lr)
+        algorithm = SFT(
+            SFTConfig(
+                **{**shared, "update_rule": "sft"},
+                min_reward=args.min_reward,
+                sft_epochs=args.sft_epochs,
+                sft_batch_size=args.sft_batch_size,
+            )
         )
+        lr = args.sft_lr
+    t0 = time.perf_counter()
+    result = algorithm.fit(calculator_agent, train, val)
+    seconds = time.perf_counter() - t0
+    assert result.val_before is not None and result.val_after is not None
+    print(f"{args.phase} seed {args.seed}: {result.val_before:.2f} -> {result.val_after:.2f} in {seconds:.0f} s")
     record = {
+        "phase": args.phase,
         "seed": args.seed,
-        "warm_start_s": warm_s,
-        "phases": phases,
-        "grpo_lr": grpo_cfg.backend.lr,
-        "sft": {
-            "lr": args.sft_lr,
-            "min_reward": args.min_reward,
-            "epochs": args.sft_epochs,
-            "batch_size": args.sft_batch_size,
-        },
+        "warm_seed": args.warm_seed,
+        "before": result.val_before,
+        "after": result.val_after,
+        "seconds": seconds,
+        "train_rollouts": train_rollouts(run_dir / "metrics.jsonl"),
+        "lr": lr,
+        "sft": {"min_reward": args.min_reward, "epochs": args.sft_epochs, "batch_size": args.sft_batch_size},
         "commit": git_commit(),
         "threads": torch.get_num_threads(),
         "command": "uv run python benchmarks/sft_vs_grpo.py " + " ".join(sys.argv[1:]),
         "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
     }
-    (out / "result.json").write_text(json.dumps(record, indent=2))
+    (run_dir / "result.json").write_text(json.dumps(record, indent=2))
     return record
 
 
 def report(out: Path) -> str:
-    records = [json.loads(p.read_text()) for p in sorted(out.glob("seed*/result.json"))]
-    if not records:
-        raise SystemExit(f"no seed*/result.json under {out}; run the seeds first (see --help)")
-    first = records[0]
-    sft = first["sft"]
-    commands = "; ".join(sorted({f"`{r['command'].strip()}`" for r in records}))
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("*-seed*/result.json"))]
+    by_phase = {name: {r["seed"]: r for r in records if r["phase"] == name} for name in ("grpo", "sft")}
+    seeds = sorted(set(by_phase["grpo"]) & set(by_phase["sft"]))
+    if not seeds:
+        raise SystemExit(f"no seed has both a grpo-seed<N> and an sft-seed<N> result under {out}; run them first")
+    first_grpo, first_sft = by_phase["grpo"][seeds[0]], by_phase["sft"][seeds[0]]
+    warm_s = out / "warm_start" / "warm_start_s.txt"
+    warm = f", {float(warm_s.read_text()) / 60:.1f} min" if warm_s.exists() else ""
+    commits = sorted({r["commit"] for r in records})
+    commands = sorted({re.sub(r"--seed \d+", "--seed N", r["command"]).strip() for r in records})
+    dates = ", ".join(sorted({r["date"] for r in records}))
+    sft = first_sft["sft"]
     lines = [
-        f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from runs at commit `{first['commit']}` "
-        f"({', '.join(r['date'] for r in records)}) by {commands}, then "
-        f"`uv run python benchmarks/sft_vs_grpo.py --report` ({cpu_name()}, {os.cpu_count()} cores; torch "
-        f"threads: {first['threads']}). Quick demo configuration: one warm start per seed, then each phase "
-        f"from it; GRPO lr {first['grpo_lr']:g} (the demo's); SFT lr {sft['lr']:g}, attempts with reward >= "
+        f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from runs at commit {', '.join(f'`{c}`' for c in commits)} "
+        f"(finished {dates}) by {', '.join(f'`{c}`' for c in commands)}"
+        f" for N in {', '.join(map(str, seeds))}, then `uv run python benchmarks/sft_vs_grpo.py --report` "
+        f"({cpu_name()}, {os.cpu_count()} cores; torch threads: {first_grpo['threads']}). Quick demo "
+        f"configuration; one warm start (seed {first_grpo['warm_seed']}{warm}) shared by every run; GRPO lr "
+        f"{first_grpo['lr']:g} (the demo's); SFT lr {first_sft['lr']:g}, attempts with reward >= "
         f"{sft['min_reward']}, {sft['epochs']:g} epochs, batch {sft['batch_size']}.",
         "",
-        "| seed | training rollouts (each) | held-out before | GRPO after | GRPO gain | GRPO wall s "
+        "| seed | training rollouts (GRPO / SFT) | held-out before | GRPO after | GRPO gain | GRPO wall s "
         "| SFT after | SFT gain | SFT wall s |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     gains: dict[str, list[float]] = {"grpo": [], "sft": []}
     walls: dict[str, list[float]] = {"grpo": [], "sft": []}
-    for r in records:
-        g, s = r["phases"]["grpo"], r["phases"]["sft"]
-        cells = [str(r["seed"]), f"{g['train_rollouts']} / {s['train_rollouts']}", f"{g['before']:.2f}"]
-        for phase in (g, s):
+    for seed in seeds:
+        g, s = by_phase["grpo"][seed], by_phase["sft"][seed]
+        cells = [str(seed), f"{g['train_rollouts']} / {s['train_rollouts']}", f"{g['before']:.2f}"]
+        for name, phase in (("grpo", g), ("sft", s)):
             gain = phase["after"] - phase["before"]
             cells += [f"{phase['after']:.2f}", f"**{gain:+.2f}**", f"{phase['seconds']:.0f}"]
-        for name, phase in (("grpo", g), ("sft", s)):
-            gains[name].append(phase["after"] - phase["before"])
+            gains[name].append(gain)
             walls[name].append(phase["seconds"])
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
@@ -175,14 +194,17 @@ def paste(readme: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int, default=0, help="demo seed: tasks, warm start, sampling")
+    ap.add_argument("--phase", choices=("grpo", "sft"), help="run this phase from the shared warm start")
+    ap.add_argument("--seed", type=int, default=0, help="the phase's seed (task batches, torch)")
+    ap.add_argument("--warm-seed", type=int, default=0, help="demo seed of the shared warm start and the tasks")
+    ap.add_argument("--warm-only", action="store_true", help="only make the shared warm start")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     ap.add_argument("--sft-lr", type=float, default=1e-3, help="SFT learning rate (the warm start's)")
     ap.add_argument("--min-reward", type=float, default=1.0, help="SFT keeps attempts with at least this reward")
     ap.add_argument("--sft-epochs", type=float, default=2.0)
     ap.add_argument("--sft-batch-size", type=int, default=16)
-    ap.add_argument("--out", default="runs/sft_vs_grpo", help="folder of the seeds' runs and the table")
-    ap.add_argument("--report", action="store_true", help="gather the seeds under --out into the table")
+    ap.add_argument("--out", default="runs/sft_vs_grpo", help="folder of the warm start, the runs and the table")
+    ap.add_argument("--report", action="store_true", help="gather the results under --out into the table")
     ap.add_argument("--readme", type=Path, help="with --report: paste the table into this file between the markers")
     args = ap.parse_args(argv)
     if args.report:
@@ -192,7 +214,17 @@ def main(argv: list[str] | None = None) -> int:
             paste(args.readme, text)
         print(text)
         return 0
-    run_seed(args)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.warm_only:
+        folder, seconds = shared_warm_start(args)
+        print(f"warm start in {folder}" + (f" ({seconds:.0f} s)" if seconds is not None else " (reused)"))
+        return 0
+    if args.phase is None:
+        raise SystemExit("give --phase grpo or --phase sft (or --warm-only, or --report)")
+    run_phase(args)
     return 0
 
 
