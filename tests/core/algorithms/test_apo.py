@@ -222,3 +222,13 @@ def test_apo_is_registered_with_its_config_class() -> None:
 def test_fit_needs_the_agent() -> None:
     with pytest.raises(ValueError, match="in-process"):
         APO(APOConfig(progress=False)).fit(None, [Task(input=1)])
+
+
+def test_agent_model_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LIGHTNING_APO_LLM_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert APOConfig().resolved_llm_api_key() is None
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    assert APOConfig().resolved_llm_api_key() == "sk-from-env"
+    monkeypatch.setenv("LIGHTNING_APO_LLM_API_KEY", "llm-key")
+    assert APOConfig().resolved_llm_api_key() == "llm-key"

@@ -60,12 +60,15 @@ __all__ = [
     "prompt_template",
     "load_apo_state",
     "API_KEY_ENV",
+    "LLM_API_KEY_ENV",
 ]
 
 log = logging.getLogger(__name__)
 
 API_KEY_ENV = ("LIGHTNING_APO_API_KEY", "OPENAI_API_KEY")
 """Environment variables read, in order, for the optimiser's API key when the config sets none."""
+LLM_API_KEY_ENV = ("LIGHTNING_APO_LLM_API_KEY", "OPENAI_API_KEY")
+"""The same for the agent's model server (``llm_base_url``)."""
 
 
 def prompt_template(name: str = "system", default: str | None = None) -> str:
@@ -131,7 +134,7 @@ class APOConfig:
     llm_model: str | None = None
     """The upstream's model name (None: the first it lists)."""
     llm_api_key: str | None = None
-    """The upstream's API key (None: ``LIGHTNING_APO_LLM_API_KEY`` if set)."""
+    """The upstream's API key (None: ``LIGHTNING_APO_LLM_API_KEY``, then ``OPENAI_API_KEY``, if set)."""
     temperature: float = 0.0
     """Sampling temperature of the agent's calls (0: greedy, so scores differ by prompt, not by luck)."""
     max_tokens: int = 128
@@ -170,8 +173,10 @@ class APOConfig:
         return next((os.environ[v] for v in API_KEY_ENV if os.environ.get(v)), None)
 
     def resolved_llm_api_key(self) -> str | None:
-        """The agent upstream's API key: the config's, else ``LIGHTNING_APO_LLM_API_KEY``."""
-        return self.llm_api_key or os.environ.get("LIGHTNING_APO_LLM_API_KEY") or None
+        """The agent upstream's API key: the config's, else the first of ``LLM_API_KEY_ENV`` that is set."""
+        if self.llm_api_key:
+            return self.llm_api_key
+        return next((os.environ[v] for v in LLM_API_KEY_ENV if os.environ.get(v)), None)
 
     def public_dict(self) -> dict[str, Any]:
         """The config as written to ``config.json`` and the store: API keys replaced by ``***``."""
