@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lightning_rl.agent import LLM, AgentFn, load_agent
+from lightning_rl.capture import capture  # the function: lightning_rl.capture("openinference")
 from lightning_rl.roles import RoleSelector
 from lightning_rl.tracing import current_rollout, emit_reward, emit_signal, rollout_context, span
 from lightning_rl.types import (
@@ -44,6 +45,7 @@ __all__ = [
     "rollout_context",
     "span",
     "RoleSelector",
+    "capture",
     # data model
     "Task",
     "Rollout",

@@ -11,6 +11,15 @@ ended when the tool started (the gateway and the agent's process write spans thr
 writers, so store order says nothing about which came first; the clock does).
 Signals are attached before untrainable calls are dropped, so a tool requested by an untrainable
 role never leaks reward onto a trainable one.
+
+Calls the gateway did not serve (a hosted model) reach the attempt as the spans of the standard
+OpenTelemetry instrumentations, OpenLLMetry or OpenInference (``lightning_rl.capture``). They become
+*text-level* transitions: ``text`` holds the messages, the response and its tool calls, the token
+ids are empty and ``exact_tokens`` is False (``lightning_rl.capture.retokenize`` builds ids with the
+policy's tokenizer for RL; SFT and APO read the text). A captured call the gateway also recorded
+(same response id) is not counted twice: the gateway's exact transition stays and takes the role
+the framework named. Tool spans of those instrumentations feed AIR like a plugin's tool spans; when
+they carry no tool-call id they attach to the latest earlier call that asked for a tool of that name.
 """
 
 from __future__ import annotations
@@ -22,8 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_rl import semconv
+from lightning_rl.capture._convert import CapturedCall, captured_calls, captured_tools, normalize_messages
+from lightning_rl.capture._convert import normalize_tool_calls as _normalize_tool_calls
 from lightning_rl.roles import RoleSelector, RoleSpec
-from lightning_rl.types import Rollout, Span, Transition
+from lightning_rl.types import Rollout, Span, Transition, TransitionText
 
 __all__ = ["Signal", "AIRPolicy", "air_policy", "AdaptedAttempt", "adapt_attempt", "final_reward"]
 
@@ -106,6 +117,64 @@ def _tool_call_ids(span: Span) -> list[str]:
     return [str(c["id"]) for c in calls if isinstance(c, dict) and c.get("id")]  # pyright: ignore[reportUnknownVariableType]
 
 
+def _gateway_text(attrs: Mapping[str, Any]) -> TransitionText:
+    """The text of a gateway call, in the shape a captured call has (so both compare equal)."""
+    raw_inputs = attrs.get(semconv.GEN_AI_INPUT_MESSAGES)
+    inputs: Any = raw_inputs
+    if isinstance(raw_inputs, str):
+        try:
+            inputs = json.loads(raw_inputs)
+        except ValueError:
+            inputs = raw_inputs
+    messages = normalize_messages(inputs) if isinstance(inputs, list) else []
+    if isinstance(inputs, str):  # a completions prompt or a plain Responses input
+        messages = [{"role": "user", "content": inputs}]
+    raw_calls = attrs.get(semconv.TOOL_CALLS)
+    calls = _normalize_tool_calls(json.loads(raw_calls) if isinstance(raw_calls, str) else raw_calls)
+    if semconv.RESPONSE_CONTENT in attrs:
+        content = attrs.get(semconv.RESPONSE_CONTENT) or ""
+    else:  # recorded before the gateway kept the content: the generated text is it unless tools were called
+        content = "" if calls else attrs.get(semconv.RESPONSE_TEXT, "")
+    return TransitionText(
+        messages=messages,
+        response=str(content),
+        tool_calls=calls,
+        model=attrs.get(semconv.GEN_AI_RESPONSE_MODEL),
+        response_id=attrs.get(semconv.GEN_AI_RESPONSE_ID),
+        input_tokens=attrs.get(semconv.GEN_AI_USAGE_INPUT_TOKENS),
+        output_tokens=attrs.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS),
+        source="gateway",
+    )
+
+
+def _captured_transition(call: CapturedCall, rollout: Rollout, attempt_id: str) -> Transition:
+    """A text-level transition: no token ids (``exact_tokens`` False), the text in ``text``."""
+    return Transition(
+        prompt_ids=[],
+        response_ids=[],
+        role=call.role,
+        exact_tokens=False,
+        truncated="length" in call.finish_reasons,
+        rollout_id=rollout.id,
+        attempt_id=attempt_id,
+        task_id=rollout.task.id,
+        group_id=rollout.group_id,
+        span_id=call.span.span_id,
+        tool_call_ids=[str(c["id"]) for c in call.tool_calls if c.get("id")],
+        text=TransitionText(
+            messages=call.messages,
+            response=call.response,
+            tool_calls=call.tool_calls,
+            tools=call.tools,
+            model=call.model,
+            response_id=call.response_id,
+            input_tokens=call.input_tokens,
+            output_tokens=call.output_tokens,
+            source=call.source,
+        ),
+    )
+
+
 def _signals(spans: Sequence[Span]) -> list[Signal]:
     out: list[Signal] = []
     for span in spans:
@@ -121,7 +190,27 @@ def _signals(spans: Sequence[Span]) -> list[Signal]:
             failed = span.status.code == "error" or attrs.get(semconv.TOOL_STATUS) == "error"
             name = "tool_error" if failed else "tool_success"
             out.append(Signal(name, 1.0, call_id, role, order, span.span_id, tool))
+    for captured in captured_tools(spans):
+        name = "tool_error" if captured.failed else "tool_success"
+        span = captured.span
+        out.append(Signal(name, 1.0, captured.tool_call_id, captured.role, span.start_ns, span.span_id, captured.name))
     return out
+
+
+def _by_tool_name(
+    signal: Signal, transitions: Sequence[Transition], ended: Sequence[int], taken: set[str]
+) -> int | None:
+    """The latest call ended before ``signal`` that asked for its tool by name (each request used once)."""
+    for i in range(len(transitions) - 1, -1, -1):
+        text = transitions[i].text
+        if ended[i] > signal.order or text is None:
+            continue
+        for call in text.tool_calls:
+            cid = str(call.get("id") or f"{i}:{call.get('name')}")
+            if call.get("name") == signal.tool and cid not in taken:
+                taken.add(cid)
+                return i
+    return None
 
 
 def adapt_attempt(
@@ -155,9 +244,20 @@ def adapt_attempt(
             declared[str(role)] = flag
 
     calls = sorted((s for s in own if s.name == semconv.SPAN_LLM_CALL), key=lambda s: (s.start_ns, s.seq))
+    # Calls captured by OpenLLMetry / OpenInference: those the gateway also served lend it their
+    # role (joined on the response id); the others become text-level transitions.
+    served = {str(s.attributes.get(semconv.GEN_AI_RESPONSE_ID)) for s in calls}
+    text_only: list[CapturedCall] = []
+    for call in captured_calls(own):
+        if call.response_id is not None and call.response_id in served:
+            if call.role is not None:
+                role_by_response.setdefault(call.response_id, call.role)
+        else:
+            text_only.append(call)
     transitions: list[Transition] = []
     ended: list[int] = []
     result = AdaptedAttempt(transitions=[], signals=_signals(own))
+    tool_signals = {t.span.span_id for t in captured_tools(own)}
     for step, span in enumerate(calls):
         attrs = span.attributes
         role = attrs.get(semconv.ROLE) or role_by_response.get(str(attrs.get(semconv.GEN_AI_RESPONSE_ID, "")))
@@ -180,16 +280,29 @@ def adapt_attempt(
                 step_index=step,
                 span_id=span.span_id,
                 tool_call_ids=_tool_call_ids(span),
+                text=_gateway_text(attrs),
             )
         )
         ended.append(span.end_ns or span.start_ns)
+    if text_only:  # interleave the text-level calls by time: step order is call order
+        starts = [s.start_ns for s in calls] + [c.start_ns for c in text_only]
+        transitions += [_captured_transition(c, rollout, attempt_id) for c in text_only]
+        ended += [c.end_ns for c in text_only]
+        order = sorted(range(len(transitions)), key=lambda i: starts[i])
+        transitions = [transitions[i] for i in order]
+        ended = [ended[i] for i in order]
+        for step, t in enumerate(transitions):
+            t.step_index = step
     result.n_calls = len(transitions)
 
     # AIR: attach each signal to the call that requested its tool, then weigh it by the policy.
     by_call_id = {cid: i for i, t in enumerate(transitions) for cid in t.tool_call_ids}
     policy = air or {}
+    taken: set[str] = set()
     for signal in result.signals:
         index = by_call_id.get(signal.tool_call_id) if signal.tool_call_id else None
+        if index is None and signal.span_id in tool_signals and signal.tool:
+            index = _by_tool_name(signal, transitions, ended, taken)
         if index is None:
             earlier = [
                 i

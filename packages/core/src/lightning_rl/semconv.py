@@ -52,11 +52,36 @@ __all__ = [
     "TOOL_STATUS",
     "TOOL_ERROR",
     "RESPONSE_TEXT",
+    "RESPONSE_CONTENT",
     "GEN_AI_INPUT_MESSAGES",
     "API",
     "STREAM",
     "RESOURCE_ROLLOUT_ID",
     "RESOURCE_ATTEMPT_ID",
+    # OpenTelemetry GenAI, as OpenLLMetry records it (read by lightning_rl.capture)
+    "GEN_AI_OUTPUT_MESSAGES",
+    "GEN_AI_TOOL_DEFINITIONS",
+    "GEN_AI_PROMPT",
+    "GEN_AI_COMPLETION",
+    "GEN_AI_OPERATION_EXECUTE_TOOL",
+    "TRACELOOP_SPAN_KIND",
+    "TRACELOOP_ENTITY_NAME",
+    # OpenInference (read by lightning_rl.capture)
+    "OI_SPAN_KIND",
+    "OI_INPUT_VALUE",
+    "OI_OUTPUT_VALUE",
+    "OI_INPUT_MESSAGES",
+    "OI_OUTPUT_MESSAGES",
+    "OI_MODEL_NAME",
+    "OI_TOKEN_COUNT_PROMPT",
+    "OI_TOKEN_COUNT_COMPLETION",
+    "OI_TOOLS",
+    "OI_TOOL_NAME",
+    "OI_TOOL_ID",
+    "OI_TOOL_CALL_ID",
+    "OI_AGENT_NAME",
+    "OI_GRAPH_NODE_ID",
+    "OI_METADATA",
 ]
 
 # --- span names -----------------------------------------------------------------------------
@@ -126,9 +151,49 @@ TOOL_STATUS: Final = "lightning.tool.status"
 TOOL_ERROR: Final = "lightning.tool.error"
 RESPONSE_TEXT: Final = "lightning.response_text"
 """Everything the model generated for the choice, tool-call syntax included (decode of the ids)."""
+RESPONSE_CONTENT: Final = "lightning.response_content"
+"""The message content the client received for the choice (tool-call syntax parsed out; None: none)."""
 GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
 """The request's messages (chat/responses) or prompt (completions) as JSON."""
 API: Final = "lightning.api"
 """Which endpoint served the call: ``chat.completions``, ``completions`` or ``responses``."""
 STREAM: Final = "lightning.stream"
 """Whether the call was streamed."""
+
+# --- OpenTelemetry GenAI as OpenLLMetry records it (lightning_rl.capture reads these) ----------
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+"""The response messages as JSON, ``[{"role", "parts": [...], "finish_reason"}]`` (GenAI conventions)."""
+GEN_AI_TOOL_DEFINITIONS: Final = "gen_ai.tool.definitions"
+"""The tools offered to the model as JSON."""
+GEN_AI_PROMPT: Final = "gen_ai.prompt"
+"""Prefix of the older flattened messages (``gen_ai.prompt.0.role`` / ``.content``) of OpenLLMetry."""
+GEN_AI_COMPLETION: Final = "gen_ai.completion"
+"""Prefix of the older flattened responses (``gen_ai.completion.0.content`` / ``.tool_calls.0.name``)."""
+GEN_AI_OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+"""``gen_ai.operation.name`` of a tool execution span."""
+TRACELOOP_SPAN_KIND: Final = "traceloop.span.kind"
+"""OpenLLMetry's kind of a decorated span (``workflow``, ``agent``, ``tool``, ``task``)."""
+TRACELOOP_ENTITY_NAME: Final = "traceloop.entity.name"
+"""The name of an OpenLLMetry-decorated agent or tool."""
+
+# --- OpenInference (lightning_rl.capture reads these) -----------------------------------------
+OI_SPAN_KIND: Final = "openinference.span.kind"
+"""``LLM``, ``TOOL``, ``AGENT``, ``CHAIN``, ..."""
+OI_INPUT_VALUE: Final = "input.value"
+OI_OUTPUT_VALUE: Final = "output.value"
+OI_INPUT_MESSAGES: Final = "llm.input_messages"
+"""Prefix of the flattened request messages: ``llm.input_messages.0.message.role`` / ``.content``."""
+OI_OUTPUT_MESSAGES: Final = "llm.output_messages"
+OI_MODEL_NAME: Final = "llm.model_name"
+OI_TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
+OI_TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
+OI_TOOLS: Final = "llm.tools"
+"""Prefix of the tools offered: ``llm.tools.0.tool.json_schema``."""
+OI_TOOL_NAME: Final = "tool.name"
+OI_TOOL_ID: Final = "tool.id"
+"""The tool-call id a TOOL span answers (when the framework gives it)."""
+OI_TOOL_CALL_ID: Final = "tool_call.id"
+OI_AGENT_NAME: Final = "agent.name"
+OI_GRAPH_NODE_ID: Final = "graph.node.id"
+OI_METADATA: Final = "metadata"
+"""JSON metadata of a LangChain run (``langgraph_node``, ``lightning_role``, ...)."""

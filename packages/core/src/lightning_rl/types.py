@@ -40,6 +40,7 @@ __all__ = [
     "LLMResource",
     "Resources",
     "Transition",
+    "TransitionText",
     "StoreStats",
     "new_id",
 ]
@@ -283,6 +284,29 @@ class Resources(_Model):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+class TransitionText(_Model):
+    """The text of one LLM call, in OpenAI chat shape: what SFT and APO use as it is.
+
+    Every transition carries it when the call's text was recorded (the gateway always records it;
+    an OpenTelemetry capture records nothing else). ``messages`` are the conversation sent, each
+    ``{"role", "content"}`` plus ``tool_calls`` (``[{"id", "name", "arguments"}]``), ``tool_call_id``
+    or ``name`` where present; ``response`` is the assistant's text and ``tool_calls`` what it asked
+    for. ``retokenized_with`` names the tokenizer that turned this text into the transition's token
+    ids for RL (None: the ids are the engine's own, or not built yet).
+    """
+
+    messages: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    response: str = ""
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    tools: list[dict[str, Any]] | None = Field(default=None, description="Tool definitions sent, OpenAI shape.")
+    model: str | None = None
+    response_id: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    source: str = Field(default="gateway", description="gateway, openllmetry or openinference.")
+    retokenized_with: str | None = None
+
+
 class Transition(_Model):
     """One LLM call of a trainable role, ready for a policy update."""
 
@@ -303,6 +327,11 @@ class Transition(_Model):
     step_index: int = 0
     span_id: str | None = None
     tool_call_ids: list[str] = Field(default_factory=list)
+    text: TransitionText | None = Field(
+        default=None,
+        description="The call as text (messages, response, tool calls). A text-only capture (exact_tokens False) has "
+        "empty token ids until lightning_rl.capture.retokenize fills them with the policy's tokenizer.",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from lightning_rl import semconv as sc
-from lightning_rl.gateway.backends import CallResult
 from lightning_rl.gateway.protocol import dumps
+from lightning_rl.gateway.upstreams import CallResult
 from lightning_rl.store.base import LightningStore
 from lightning_rl.store.writer import SpanWriter
 from lightning_rl.types import AttemptStatus, Span, SpanStatus
@@ -148,6 +148,7 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
         calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in choice.tool_calls]
         attrs[sc.TOOL_CALLS] = dumps(calls) if calls else "[]"
         attrs[RESPONSE_TEXT] = choice.text
+        attrs[sc.RESPONSE_CONTENT] = choice.content  # the message content the client saw (capture joins on it)
         if choice.parse_error is not None:
             attrs[sc.TOOL_CALL_PARSE_ERROR] = choice.parse_error
         spans.append(

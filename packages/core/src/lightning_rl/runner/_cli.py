@@ -68,6 +68,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--otel", action="store_true", help="export OpenTelemetry spans of the agent (needs opentelemetry-sdk)"
     )
+    parser.add_argument(
+        "--capture",
+        choices=["openllmetry", "openinference"],
+        default=None,
+        help="record the agent's model calls with this OpenTelemetry instrumentation family (any OpenAI-compatible "
+        "endpoint, text-level transitions; needs lightning-rl[capture]; see docs/capture.md)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--supervisor-pid", type=int, default=None, help=argparse.SUPPRESS)
     parser.set_defaults(handler=_handle)

@@ -69,6 +69,10 @@ def _run_worker(args: argparse.Namespace) -> int:
         from lightning_rl.tracing.otel import configure_opentelemetry
 
         configure_opentelemetry()
+    if getattr(args, "capture", None):
+        from lightning_rl.capture import capture
+
+        capture(args.capture)
     return asyncio.run(_worker(args, agent))
 
 
@@ -198,6 +202,8 @@ def _child_argv(args: argparse.Namespace, index: int) -> list[str]:
     argv += ["--block-timeout", str(args.block_timeout)]
     if args.otel:
         argv.append("--otel")
+    if getattr(args, "capture", None):
+        argv += ["--capture", args.capture]
     return argv
 
 

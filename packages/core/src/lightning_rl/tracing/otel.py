@@ -108,6 +108,7 @@ class LightningSpanProcessor(SpanProcessor):
         self._lock = threading.Lock()
         self._exported = 0
         self._dropped = 0
+        self._closed = False
 
     @property
     def exported(self) -> int:
@@ -119,10 +120,15 @@ class LightningSpanProcessor(SpanProcessor):
         """Finished spans that belonged to no rollout."""
         return self._dropped
 
+    @property
+    def closed(self) -> bool:
+        """True after ``shutdown``: spans are no longer routed (a provider cannot drop a processor)."""
+        return self._closed
+
     def on_start(self, span: SdkSpan, parent_context: otel_context.Context | None = None) -> None:
         ctx = current_rollout()
         sc = span.context
-        if ctx is None or sc is None:
+        if ctx is None or sc is None or self._closed:
             return
         with self._lock:
             self._owners[(sc.trace_id, sc.span_id)] = ctx
@@ -137,6 +143,8 @@ class LightningSpanProcessor(SpanProcessor):
             _log.debug("could not export OpenTelemetry span %r", span.name, exc_info=True)
 
     def _export(self, span: ReadableSpan) -> None:
+        if self._closed:
+            return
         sc = span.context
         owner: RolloutContext | None = None
         if sc is not None:
@@ -156,7 +164,12 @@ class LightningSpanProcessor(SpanProcessor):
 
     def shutdown(self) -> None:
         with self._lock:
+            self._closed = True
             self._owners.clear()
+        with _install_lock:
+            for key, processor in list(_installed.items()):
+                if processor is self:
+                    del _installed[key]
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         # Spans are handed to the sinks synchronously in on_end; their owners flush them.
