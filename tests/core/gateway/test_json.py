@@ -48,8 +48,8 @@ def test_loads_raises_value_error_on_broken_json(bad: bytes) -> None:
 
 def test_recorded_spans_equal_what_pydantic_would_construct() -> None:
     """The gateway builds spans without pydantic's per-field machinery; the result must not differ."""
-    from lightning_rl.gateway.backends import CallResult, ChoiceResult
     from lightning_rl.gateway.recording import CallContext, CallInfo, build_llm_spans
+    from lightning_rl.gateway.upstreams import CallResult, ChoiceResult
     from lightning_rl.types import Span
 
     result = CallResult(

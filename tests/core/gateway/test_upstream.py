@@ -150,7 +150,7 @@ async def test_call_in_task_reports_result_error_and_cancellation_once() -> None
     """A backend without ``start_call`` is run through ``call_in_task``: every ending reaches ``on_done``."""
     import asyncio
 
-    from lightning_rl.gateway.backends import CallResult, call_in_task
+    from lightning_rl.gateway.upstreams import CallResult, call_in_task
 
     seen: dict[str, list[tuple[CallResult | None, BaseException | None]]] = {"ok": [], "fails": [], "hangs": []}
     result = CallResult(prompt_ids=[1, 2], choices=[], tokens_exact=True)

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_rl.gateway.app import GatewayConfig, create_gateway_app
-    from lightning_rl.gateway.backends import (
+    from lightning_rl.gateway.recording import CallContext, build_llm_spans
+    from lightning_rl.gateway.server import running_gateway, uvicorn_config
+    from lightning_rl.gateway.upstreams import (
         CallResult,
         CallSpec,
         ChoiceResult,
@@ -21,8 +23,6 @@ if TYPE_CHECKING:
         StreamPiece,
         UpstreamBackend,
     )
-    from lightning_rl.gateway.recording import CallContext, build_llm_spans
-    from lightning_rl.gateway.server import running_gateway, uvicorn_config
 
 __all__ = [
     # app
@@ -30,7 +30,7 @@ __all__ = [
     "GatewayConfig",
     "running_gateway",
     "uvicorn_config",
-    # backends
+    # upstreams: what serves the model calls (not the training backends of lightning_rl.backends)
     "GatewayBackend",
     "EngineBackend",
     "UpstreamBackend",
@@ -48,13 +48,13 @@ _WHERE = {
     "GatewayConfig": "app",
     "running_gateway": "server",
     "uvicorn_config": "server",
-    "GatewayBackend": "backends",
-    "EngineBackend": "backends",
-    "UpstreamBackend": "backends",
-    "CallSpec": "backends",
-    "CallResult": "backends",
-    "ChoiceResult": "backends",
-    "StreamPiece": "backends",
+    "GatewayBackend": "upstreams",
+    "EngineBackend": "upstreams",
+    "UpstreamBackend": "upstreams",
+    "CallSpec": "upstreams",
+    "CallResult": "upstreams",
+    "ChoiceResult": "upstreams",
+    "StreamPiece": "upstreams",
     "CallContext": "recording",
     "build_llm_spans": "recording",
 }

@@ -6,8 +6,9 @@ Through FastAPI a call walks a dozen middleware layers, regex-matches up to 16 r
 model-call routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and their
 ``/rollouts/...`` variants) are therefore matched here by splitting the path once, and answered
 straight through ``send``; everything else still goes to FastAPI (the same trick as the store
-server's ``_StoreRoutes``). Served by ``lightning_rl.gateway.server`` (uvicorn with our protocol),
-these routes skip ASGI altogether: ``_GatewayApp.fast_handler`` hands them to the protocol.
+server's ``_StoreRoutes``). ``_GatewayApp.call_for`` is their one entry point: served by
+``lightning_rl.gateway.server`` (uvicorn with our protocol) they skip ASGI altogether
+(``fast_handler`` hands them to the protocol), otherwise the app's ``__call__`` answers them.
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ async def _run(args: argparse.Namespace, token: str | None) -> None:
     import uvicorn
 
     from lightning_rl.gateway.app import GatewayConfig, create_gateway_app
-    from lightning_rl.gateway.backends import EngineBackend, GatewayBackend, UpstreamBackend
     from lightning_rl.gateway.server import freeze_startup_heap, uvicorn_config
+    from lightning_rl.gateway.upstreams import EngineBackend, GatewayBackend, UpstreamBackend
 
     store = None
     if args.store:

@@ -12,13 +12,14 @@ Limits come before work: a body above ``max_body_bytes`` is a 413 before it is r
 Bad input is answered the way the OpenAI API answers it (``{"error": {...}}`` with a 4xx), so agent
 frameworks surface a readable message; only a bug in the gateway gives a 500.
 
-The model-call routes are the hot path: the app answers them in its own ``__call__`` (a path split,
-the raw body, a JSON body of known length; see ``_asgi``) before FastAPI's middleware and router,
-which serve everything else. Handlers take the raw body and the call's context, validate it at
-once, and return an awaitable of the JSON bytes of a 200 or of a ``Response`` (errors, streams).
-A non-streamed call's is one future, resolved from the backend's callback (``start_call``; see
-``_Gateway._call``), so on the gateway's own server it is answered without a task (see
-``lightning_rl._serving``).
+The model-call routes are the hot path, with one entry point, ``_GatewayApp.call_for`` (a path
+split, the call's context; see ``_asgi``): the serving protocol's fast path hands it the body
+directly, and the app's own ``__call__`` reads the body and sends a JSON body of known length,
+before FastAPI's middleware and router, which serve everything else. Handlers take the raw body
+and the call's context, validate it at once, and return an awaitable of the JSON bytes of a 200
+or of a ``Response`` (errors, streams). A non-streamed call's is one future, resolved from the
+backend's callback (``start_call``; see ``_Gateway._call``), so on the gateway's own server it is
+answered without a task (see ``lightning_rl._serving``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from lightning_rl.engine.base import InferenceEngine, SamplingParams
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.gateway import formatting as fmt
 from lightning_rl.gateway._asgi import (
-    CALL_PATHS,
     CallKind,
     bearer_ok,
     body_too_large,
@@ -55,15 +55,6 @@ from lightning_rl.gateway._asgi import (
     send_json,
 )
 from lightning_rl.gateway._weights import weights_file
-from lightning_rl.gateway.backends import (
-    CallResult,
-    CallSpec,
-    EngineBackend,
-    GatewayBackend,
-    OnResult,
-    StreamPiece,
-    call_in_task,
-)
 from lightning_rl.gateway.binding import AttemptBinder
 from lightning_rl.gateway.protocol import (
     ChatCompletionRequest,
@@ -77,6 +68,15 @@ from lightning_rl.gateway.protocol import (
     validation_message,
 )
 from lightning_rl.gateway.recording import CallContext, CallInfo, Recorder
+from lightning_rl.gateway.upstreams import (
+    CallResult,
+    CallSpec,
+    EngineBackend,
+    GatewayBackend,
+    OnResult,
+    StreamPiece,
+    call_in_task,
+)
 from lightning_rl.gateway.validation import check_chat_request, check_completion_request, check_responses_request
 from lightning_rl.store.base import LightningStore
 from lightning_rl.store.writer import SpanWriter
@@ -150,17 +150,6 @@ class _SSE(StreamingResponse):
 
 
 _Handler = Callable[[bytes, CallContext], Awaitable[bytes | Response]]
-
-
-def _context(request: Request) -> CallContext:
-    pp = request.path_params
-    h = request.headers
-    return CallContext(
-        pp.get("rollout_id") or h.get("x-lightning-rollout") or None,
-        pp.get("attempt_id") or h.get("x-lightning-attempt") or None,
-        pp.get("role") or h.get("x-lightning-role") or None,
-        pp.get("key") or h.get("x-lightning-key") or None,
-    )
 
 
 def _body(raw: bytes) -> dict[str, Any]:
@@ -810,41 +799,10 @@ class _GatewayApp(FastAPI):
             return body_too_large(size, self.max_body_bytes).response()
         return None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path: str = scope["path"]
-            refusal = self._refusal(path, scope["headers"])
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
-            if scope["method"] == "POST" and not scope.get("root_path"):
-                hit = match_call(path)
-                if hit is not None:
-                    kind, rollout, attempt, key, role = hit
-                    try:
-                        raw = await read_body(receive, self.max_body_bytes)
-                    except GatewayHTTPError as exc:  # a chunked body above the limit
-                        await exc.response()(scope, receive, send)
-                        return
-                    if raw is None:
-                        return  # the client left before sending its request: nobody to answer
-                    out = await self.calls[kind](raw, call_context(scope["headers"], rollout, attempt, role, key))
-                    if isinstance(out, bytes):
-                        await send_json(send, 200, out)
-                    else:
-                        await out(scope, receive, send)
-                    return
-        await super().__call__(scope, receive, send)
-
-    def fast_handler(self, path: str, headers: list[tuple[bytes, bytes]]) -> FastHandler | None:
-        """The model-call routes for the serving protocol's fast path (``lightning_rl._serving``);
-        ``None`` sends the request through ``__call__`` (other routes, a missing or wrong token, a
-        body without ``Content-Length`` or above the limit: ``__call__`` counts or refuses it)."""
-        if self.expected_auth is not None and not bearer_ok(headers, self.expected_auth):
-            return None
-        size = content_length(headers)
-        if size is None or size > self.max_body_bytes:
-            return None
+    def call_for(self, path: str, headers: list[tuple[bytes, bytes]]) -> FastHandler | None:
+        """The one entry point of the model-call routes: the handler of ``path`` bound to the call's
+        context (from the path, else the ``X-Lightning-*`` headers), or ``None`` when ``path`` is no
+        model call. The serving protocol's fast path and ``__call__`` both answer through it."""
         hit = match_call(path)
         if hit is None:
             return None
@@ -857,21 +815,46 @@ class _GatewayApp(FastAPI):
 
         return answer
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            refusal = self._refusal(path, scope["headers"])
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+            if scope["method"] == "POST":
+                root: str = scope.get("root_path", "")  # mounted: match the path below the mount point
+                answer = self.call_for(path[len(root) :] if root and path.startswith(root) else path, scope["headers"])
+                if answer is not None:
+                    await self._answer(answer, scope, receive, send)
+                    return
+        await super().__call__(scope, receive, send)
 
-def _endpoint(handler: _Handler, limit: int) -> Callable[[Request], Awaitable[Response]]:
-    """A Starlette endpoint for ``handler`` (the router's copy of a hot route; see ``_GatewayApp``)."""
-
-    async def endpoint(request: Request) -> Response:
+    async def _answer(self, answer: FastHandler, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read the body, answer the call, send the answer (the ASGI path; the fast path does this itself)."""
         try:
-            raw = await read_body(request.receive, limit)
-        except GatewayHTTPError as exc:
-            return exc.response()
+            raw = await read_body(receive, self.max_body_bytes)
+        except GatewayHTTPError as exc:  # a chunked body above the limit
+            await exc.response()(scope, receive, send)
+            return
         if raw is None:
-            return Response(status_code=499)  # the client left: nobody reads this
-        out = await handler(raw, _context(request))
-        return Response(out, media_type="application/json") if isinstance(out, bytes) else out
+            return  # the client left before sending its request: nobody to answer
+        out = await answer(raw)
+        if isinstance(out, bytes):
+            await send_json(send, 200, out)
+        else:
+            await out(scope, receive, send)
 
-    return endpoint
+    def fast_handler(self, path: str, headers: list[tuple[bytes, bytes]]) -> FastHandler | None:
+        """The model-call routes for the serving protocol's fast path (``lightning_rl._serving``);
+        ``None`` sends the request through ``__call__`` (other routes, a missing or wrong token, a
+        body without ``Content-Length`` or above the limit: ``__call__`` counts or refuses it)."""
+        if self.expected_auth is not None and not bearer_ok(headers, self.expected_auth):
+            return None
+        size = content_length(headers)
+        if size is None or size > self.max_body_bytes:
+            return None
+        return self.call_for(path, headers)
 
 
 def create_gateway_app(
@@ -936,11 +919,8 @@ def create_gateway_app(
         "completions": gw.bound(gw.completions),
         "responses": gw.bound(gw.responses),
     }
-    for prefix in _PREFIXES:
+    for prefix in _PREFIXES:  # the model calls are answered by app.call_for, before the router
         app.add_route(prefix + "/v1/models", gw.models, methods=["GET"], include_in_schema=False)
-        for path, kind in CALL_PATHS.items():
-            endpoint = _endpoint(app.calls[kind], config.max_body_bytes)
-            app.add_route(prefix + path, endpoint, methods=["POST"], include_in_schema=False)
     app.add_route("/metrics", gw.metrics, methods=["GET"], include_in_schema=False)
     app.add_route("/health", gw.health, methods=["GET"], include_in_schema=False)
     app.add_route("/admin/weights", gw.admin_weights, methods=["POST"], include_in_schema=False)

@@ -12,8 +12,8 @@ import os
 from typing import Any
 
 from lightning_rl.engine.base import ParsedToolCall
-from lightning_rl.gateway.backends import CallResult, ChoiceResult, StreamPiece
 from lightning_rl.gateway.protocol import GatewayHTTPError, ResponsesRequest, dumps
+from lightning_rl.gateway.upstreams import CallResult, ChoiceResult, StreamPiece
 
 __all__ = [
     "usage",

@@ -1,8 +1,10 @@
 """What the gateway serves from: the embedded engine or an upstream OpenAI-compatible server.
 
-Both backends answer the same small interface in the same neutral shapes (``CallSpec`` in,
-``CallResult`` or a stream of ``StreamPiece`` out), so the gateway formats every API (chat
-completions, completions, responses) and records every call the same way whatever served it.
+Named *upstreams* (the classes keep their ``*Backend`` names): ``lightning_rl.backends`` is
+something else, the training backends that update the policy. Both upstreams answer the same
+small interface in the same neutral shapes (``CallSpec`` in, ``CallResult`` or a stream of
+``StreamPiece`` out), so the gateway formats every API (chat completions, completions, responses)
+and records every call the same way whatever served it.
 
 - ``EngineBackend`` renders the chat template, generates with an ``InferenceEngine`` and reports
   the exact token ids and sampling logprobs: tokens are always exact.

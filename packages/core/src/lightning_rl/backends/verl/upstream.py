@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
 
-from lightning_rl.gateway.backends import CallResult, CallSpec, StreamPiece, UpstreamBackend
+from lightning_rl.gateway.upstreams import CallResult, CallSpec, StreamPiece, UpstreamBackend
 
 __all__ = ["ReplicaUpstream"]
 
