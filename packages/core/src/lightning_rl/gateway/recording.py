@@ -24,7 +24,6 @@ from pydantic import BaseModel
 from lightning_rl import semconv as sc
 from lightning_rl.gateway.protocol import dumps
 from lightning_rl.gateway.upstreams import CallResult
-from lightning_rl.gateway.upstreams import CallResult
 from lightning_rl.store.base import LightningStore
 from lightning_rl.store.writer import SpanWriter
 from lightning_rl.types import AttemptStatus, Span, SpanStatus
