@@ -16,19 +16,15 @@ the handler records, inside a rollout only:
   exception itself is LangChain's to propagate and the handler never touches it.
 
 The handler runs inline (``run_inline = True``): in the caller's context, before LangChain goes on,
-which is what lets the role reach the HTTP request. Every method is ``guarded``: a failure of the
+which is what lets the role reach the HTTP request. Every callback is ``guarded``: a failure of the
 handler is logged at debug level and counted, never raised into the user's graph.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -38,7 +34,7 @@ from langchain_core.outputs import LLMResult
 from lightning_langchain.roles import RoleInfo, resolve_role
 from lightning_langchain.routing import request_role
 from lightning_rl import semconv
-from lightning_rl.plugins import guarded, record_role, record_tool
+from lightning_rl.plugins import Bounded, ToolRuns, guarded, record_role
 from lightning_rl.tracing import current_rollout, emit_span
 
 __all__ = ["LightningCallbackHandler", "response_id", "SPAN_ERROR"]
@@ -46,46 +42,7 @@ __all__ = ["LightningCallbackHandler", "response_id", "SPAN_ERROR"]
 SPAN_ERROR = "langchain.error"
 """Span recording an exception raised in the user's code inside a rollout (status ``error``)."""
 
-K = TypeVar("K")
-V = TypeVar("V")
-
-_MAX_OPEN_RUNS = 10_000
 _LC_GENERATED_ID_PREFIXES = ("lc_run-", "run-")
-
-
-class _Bounded(Generic[K, V]):
-    """A thread-safe dict that forgets its oldest entries past ``limit`` (runs that never end)."""
-
-    def __init__(self, limit: int = _MAX_OPEN_RUNS) -> None:
-        self._data: OrderedDict[K, V] = OrderedDict()
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def put(self, key: K, value: V) -> None:
-        with self._lock:
-            self._data[key] = value
-            while len(self._data) > self._limit:
-                self._data.popitem(last=False)
-
-    def pop(self, key: K) -> V | None:
-        with self._lock:
-            return self._data.pop(key, None)
-
-    def get(self, key: K) -> V | None:
-        with self._lock:
-            return self._data.get(key)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
-@dataclass(frozen=True)
-class _ToolRun:
-    name: str
-    call_id: str | None
-    role: str | None
-    arguments: str | None
-    start_ns: int
 
 
 def response_id(response: LLMResult) -> str | None:
@@ -151,14 +108,14 @@ class LightningCallbackHandler(BaseCallbackHandler):
         super().__init__()
         self.enabled = True
         self._is_trainable = is_trainable or _undecided
-        self._llm_runs: _Bounded[UUID, RoleInfo] = _Bounded()
-        self._tool_runs: _Bounded[UUID, _ToolRun] = _Bounded()
-        self._chain_runs: _Bounded[UUID, RoleInfo] = _Bounded()
+        self._llm_runs: Bounded[UUID, RoleInfo] = Bounded()
+        self._tool_runs: ToolRuns[UUID] = ToolRuns()
+        self._chain_runs: Bounded[UUID, RoleInfo] = Bounded()
         # (attempt, tool-call id) -> role: some tool parsers reuse ids across rollouts ("add:0").
-        self._role_of_tool_call: _Bounded[tuple[str, str], str] = _Bounded()
+        self._role_of_tool_call: Bounded[tuple[str, str], str] = Bounded()
         # Exceptions already recorded (by id; the object is kept so the id stays unique). Exceptions
         # take no weak references, hence a small bounded map.
-        self._recorded: _Bounded[int, BaseException] = _Bounded(256)
+        self._recorded: Bounded[int, BaseException] = Bounded(256)
 
     def _active(self) -> bool:
         return self.enabled and current_rollout() is not None
@@ -168,21 +125,17 @@ class LightningCallbackHandler(BaseCallbackHandler):
 
     # -- chat models -------------------------------------------------------------------------
 
+    @guarded
     def on_chat_model_start(
         self,
         serialized: dict[str, Any],
         messages: list[list[BaseMessage]],
         *,
         run_id: UUID,
-        parent_run_id: UUID | None = None,
         tags: list[str] | None = None,
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._chat_model_start(run_id, tags, metadata)
-
-    @guarded
-    def _chat_model_start(self, run_id: UUID, tags: list[str] | None, metadata: dict[str, Any] | None) -> None:
         if not self._active():
             return
         request_role.set(None)  # should what follows fail, no earlier call's role may leak into this request
@@ -190,13 +143,8 @@ class LightningCallbackHandler(BaseCallbackHandler):
         self._llm_runs.put(run_id, info)
         request_role.set(info.role)  # read by the routing hook when this call's request goes out
 
-    def on_llm_end(
-        self, response: LLMResult, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        self._llm_end(run_id, response)
-
     @guarded
-    def _llm_end(self, run_id: UUID, response: LLMResult) -> None:
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         info = self._llm_runs.pop(run_id)
         if info is None or not self._active():
             return
@@ -218,40 +166,26 @@ class LightningCallbackHandler(BaseCallbackHandler):
             },
         )
 
-    def on_llm_error(
-        self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._llm_runs.pop(run_id)
 
     # -- tools -------------------------------------------------------------------------------
 
+    @guarded
     def on_tool_start(
         self,
         serialized: dict[str, Any],
         input_str: str,
         *,
         run_id: UUID,
-        parent_run_id: UUID | None = None,
         tags: list[str] | None = None,
         metadata: dict[str, Any] | None = None,
         inputs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._tool_start(run_id, serialized, input_str, tags, metadata, inputs, kwargs.get("tool_call_id"))
-
-    @guarded
-    def _tool_start(
-        self,
-        run_id: UUID,
-        serialized: dict[str, Any] | None,
-        input_str: str,
-        tags: list[str] | None,
-        metadata: dict[str, Any] | None,
-        inputs: dict[str, Any] | None,
-        tool_call_id: Any,
-    ) -> None:
         if not self._active():
             return
+        tool_call_id = kwargs.get("tool_call_id")
         call_id = tool_call_id if isinstance(tool_call_id, str) and tool_call_id else None
         # The role of the call that asked for the tool; else the role of where the tool runs
         # (a tool called from inside a "writer" node belongs to the writer).
@@ -261,79 +195,50 @@ class LightningCallbackHandler(BaseCallbackHandler):
             role = resolve_role(metadata, tags).role
         name = str((serialized or {}).get("name") or "tool")
         arguments = _json(inputs) if inputs is not None else input_str
-        self._tool_runs.put(run_id, _ToolRun(name, call_id, role, arguments, time.time_ns()))
-
-    def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self._tool_end(run_id, output)
+        self._tool_runs.start(run_id, name, call_id=call_id, role=role, arguments=arguments)
 
     @guarded
-    def _tool_end(self, run_id: UUID, output: Any) -> None:
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._tool_runs.pop(run_id)
         if run is None or not self._active():
             return
-        call_id, error, text = run.call_id, None, output
+        call_id, error, text = None, None, output
         if isinstance(output, ToolMessage):
-            call_id = call_id or output.tool_call_id or None
+            call_id = output.tool_call_id or None
             text = output.content if isinstance(output.content, str) else _json(output.content)
             if output.status == "error":  # a tool that handles its own errors (handle_tool_error=...)
                 error = text or "tool error"
-        record_tool(
-            run.name,
-            call_id=call_id,
-            role=run.role,
-            error=error,
-            arguments=run.arguments,
-            output=text if isinstance(text, str) else _json(text),
-            start_ns=run.start_ns,
-        )
-
-    def on_tool_error(
-        self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        self._tool_error(run_id, error)
+        self._tool_runs.end(run, error=error, output=text if isinstance(text, str) else _json(text), call_id=call_id)
 
     @guarded
-    def _tool_error(self, run_id: UUID, error: BaseException) -> None:
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._tool_runs.pop(run_id)
         if run is None or not self._active():
             return
-        record_tool(
-            run.name, call_id=run.call_id, role=run.role, error=error, arguments=run.arguments, start_ns=run.start_ns
-        )
+        self._tool_runs.end(run, error=error)
         self._recorded.put(id(error), error)
 
     # -- the user's code (graph nodes, chains) -----------------------------------------------
 
+    @guarded
     def on_chain_start(
         self,
         serialized: dict[str, Any],
         inputs: dict[str, Any],
         *,
         run_id: UUID,
-        parent_run_id: UUID | None = None,
         tags: list[str] | None = None,
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._chain_start(run_id, tags, metadata)
-
-    @guarded
-    def _chain_start(self, run_id: UUID, tags: list[str] | None, metadata: dict[str, Any] | None) -> None:
         if self._active():
             self._chain_runs.put(run_id, resolve_role(metadata, tags))
 
-    def on_chain_end(
-        self, outputs: dict[str, Any], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
+    def on_chain_end(self, outputs: dict[str, Any], *, run_id: UUID, **kwargs: Any) -> None:
         self._chain_runs.pop(run_id)
 
-    def on_chain_error(
-        self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        self._chain_error(run_id, error)
-
     @guarded
-    def _chain_error(self, run_id: UUID, error: BaseException) -> None:
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         info = self._chain_runs.pop(run_id)
         if info is None or not self._active() or _is_control_flow(error) or self._recorded.get(id(error)) is error:
             return

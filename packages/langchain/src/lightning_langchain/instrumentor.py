@@ -10,9 +10,9 @@ Two things are installed, both undone by ``uninstrument()``:
 * the ``ChatOpenAI`` routing patch (:mod:`lightning_langchain.routing`), so model calls made
   inside a rollout reach that rollout's gateway URL whatever ``base_url`` the model was built with.
 
-LangChain has no public way to unregister a configure hook, so ``uninstrument()`` removes the entry
-from ``langchain_core.tracers.context._configure_hooks`` and also disables the handler: should
-that private list change shape, the handler still stops recording.
+Both are recorded on the plugin's install handle. LangChain has no public way to unregister a
+configure hook, so the undo removes the entry from ``langchain_core.tracers.context._configure_hooks``
+and also disables the handler: should that private list change shape, the handler still stops.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 from typing import Any, ClassVar
 
 from lightning_langchain.handler import LightningCallbackHandler
-from lightning_langchain.routing import patch_chat_openai, unpatch_chat_openai
+from lightning_langchain.routing import route_chat_openai
 from lightning_rl.plugins import Instrumentor
 from lightning_rl.roles import RoleSelector, RoleSpec
 
@@ -45,8 +45,6 @@ class LangChainInstrumentor(Instrumentor):
     install_hint: ClassVar[str] = "pip install 'lightning-langchain[langchain]'"
 
     _handler: LightningCallbackHandler | None = None
-    _hook_var: contextvars.ContextVar[LightningCallbackHandler | None] | None = None
-    _routed: bool = False
 
     @property
     def handler(self) -> LightningCallbackHandler | None:
@@ -65,27 +63,22 @@ class LangChainInstrumentor(Instrumentor):
             "lightning_langchain_handler", default=handler
         )
         register_configure_hook(var, inheritable=True)
-        self._handler, self._hook_var = handler, var
-        self._routed = route and patch_chat_openai()
+        self._handler = handler
+        self.patches.on_restore(lambda: self._unregister(var))
+        if route:
+            route_chat_openai(self.patches)
 
-    def _uninstrument(self) -> None:
+    def _unregister(self, var: contextvars.ContextVar[Any]) -> None:
         if self._handler is not None:
             self._handler.enabled = False
-        if self._hook_var is not None:
-            _unregister(self._hook_var)
-        if self._routed:
-            unpatch_chat_openai()
-        self._handler, self._hook_var, self._routed = None, None, False
+        self._handler = None
+        try:
+            from langchain_core.tracers import context
 
-
-def _unregister(var: contextvars.ContextVar[Any]) -> None:
-    try:
-        from langchain_core.tracers import context
-
-        hooks: list[Any] = context._configure_hooks  # pyright: ignore[reportPrivateUsage]
-        hooks[:] = [entry for entry in hooks if entry[0] is not var]
-    except Exception:  # the handler is disabled anyway
-        _log.debug("could not remove the LangChain configure hook; the handler is disabled instead", exc_info=True)
+            hooks: list[Any] = context._configure_hooks  # pyright: ignore[reportPrivateUsage]
+            hooks[:] = [entry for entry in hooks if entry[0] is not var]
+        except Exception:  # the handler is disabled anyway
+            _log.debug("could not remove the LangChain configure hook; the handler is disabled instead", exc_info=True)
 
 
 def instrument(trainable: RoleSpec | RoleSelector = None, **kwargs: Any) -> LangChainInstrumentor:
