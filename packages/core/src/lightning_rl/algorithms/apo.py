@@ -275,6 +275,7 @@ class APO:
         self._store = store
         self._run_id = uuid.uuid4().hex[:8]
         self._candidates: list[Candidate] = []
+        self._evaluations = 0
 
     # --- entry points -------------------------------------------------------------------------
     def fit(self, agent: AgentFn | None, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()) -> APOResult:
@@ -297,6 +298,7 @@ class APO:
             raise ValueError("APO runs the agent in-process: pass it to fit() (external runners are not supported).")
         if not train_tasks:
             raise ValueError("APO.fit needs at least one training task.")
+        self._run_id, self._candidates = uuid.uuid4().hex[:8], []  # a second fit() is a new run
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(cfg.public_dict(), indent=2))
         metrics = MetricsLogger(self.run_dir, tensorboard=cfg.tensorboard)
@@ -443,7 +445,8 @@ class APO:
         for the next critique (for training evaluations).
         """
         cfg = self.config
-        tag = f"r{round_}" if mode == "train" else f"{mode}{round_}"
+        self._evaluations += 1  # in the rollout ids: evaluating a candidate again never reuses old rollouts
+        tag = f"e{self._evaluations}-r{round_}" if mode == "train" else f"e{self._evaluations}-{mode}{round_}"
         requests = [
             RolloutRequest(
                 id=f"apo-{self._run_id}-{tag}-{c.id}-t{i}",
