@@ -1,23 +1,27 @@
-"""DPO from groups vs GRPO on the demo task, at the same rollout budget, on one warm start per seed.
+"""DPO from groups vs GRPO on the demo task, at the same rollout budget, from one shared warm start.
 
-Per seed this script warm-starts once, exactly as ``lightning-rl demo`` does (same ``DemoConfig``;
-a warm start already in ``<out>/seed<N>/warm_start`` is reused, so ``--warm-only`` can prepare them
-ahead), then runs the RL phase twice from it: GRPO (the demo's own settings) and DPO (pairs built
-from the same groups: ``--pairing``, ``--beta``, ``--dpo-loss``). Both phases run the same steps,
-tasks per step and rollouts per task, so they see the same number of rollouts; only the update rule
-differs. It writes a markdown table (held-out reward before/after, gain, and the training tool-call
-rate and reward per step) to ``<out>/dpo_vs_grpo.md`` and stdout, and the numbers to
-``<out>/dpo_vs_grpo.json``.
+The demo's tiny model is warm-started once, exactly as ``lightning-rl demo --quick`` does for
+``--warm-seed`` (``<out>/warm_start``, reused when it is already there, so ``--warm-only`` can make it
+ahead), then the RL phase runs from it once per algorithm and ``--seeds`` entry: GRPO (the demo's own
+settings) and DPO (pairs built from the same groups: ``--pairing``, ``--beta``, ``--dpo-loss``,
+``--unit``). Both run the same steps, tasks per step and rollouts per task, so they see the same
+number of rollouts; only the update rule differs. A phase's seed seeds its task batches and torch
+(the sampled tokens differ anyway: rollout requests carry no seed). Each finished run writes
+``<out>/<algorithm>-seed<N>/result.json``; ``--reuse-runs`` takes those instead of running again, so
+seeds can run as separate processes and be tabled together. The markdown table (held-out reward
+before/after, gain, DPO pairs, and the training tool-call rate and reward per step) goes to
+``<out>/dpo_vs_grpo.md`` and stdout, the numbers to ``<out>/dpo_vs_grpo.json``.
 
     uv run python benchmarks/dpo_vs_grpo.py --seeds 0-2 --quick --threads 1
-    uv run python benchmarks/dpo_vs_grpo.py --seeds 0-2 --quick --threads 1 --warm-only   # warm starts only
-    uv run python benchmarks/dpo_vs_grpo.py --seeds 1 --quick --threads 1 &    # seeds in parallel, then
-    uv run python benchmarks/dpo_vs_grpo.py --seeds 0-2 --quick --threads 1 --reuse-runs   # one table
+    uv run python benchmarks/dpo_vs_grpo.py --quick --threads 1 --warm-only                  # the warm start only
+    uv run python benchmarks/dpo_vs_grpo.py --seeds 1 --quick --threads 1 &                  # seeds side by side,
+    uv run python benchmarks/dpo_vs_grpo.py --seeds 0-2 --quick --threads 1 --reuse-runs     # then one table
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -25,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -72,7 +75,8 @@ def cpu_name() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="0-2")
+    ap.add_argument("--seeds", default="0-2", help="phase seeds (task batches, torch), e.g. 0-2")
+    ap.add_argument("--warm-seed", type=int, default=0, help="demo seed of the shared warm start and the tasks")
     ap.add_argument("--quick", action="store_true", help="the learning guard's configuration (DemoConfig.quick)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     ap.add_argument("--beta", type=float, default=0.1, help="DPO's beta")
@@ -105,43 +109,45 @@ def main(argv: list[str] | None = None) -> int:
     from lightning_rl.trainer import Trainer
 
     out = Path(args.out)
+    settings: dict[str, Any] = {"seed": args.warm_seed, "progress": False}
+    demo = DemoConfig.quick(**settings) if args.quick else DemoConfig(**settings)
+    tasks = make_tasks(demo.n_train + demo.n_val + demo.n_probe, seed=demo.seed)
+    train, val = tasks[: demo.n_train], tasks[demo.n_train : demo.n_train + demo.n_val]
+    probe = tasks[demo.n_train + demo.n_val :]
+    warm = out / "warm_start"
+    timing = out / "warm_start_s.json"
+    if (warm / "warm_start.json").exists() and timing.exists():
+        warm_s = float(json.loads(timing.read_text())["seconds"])
+        print(f"reusing the warm start in {warm} ({warm_s / 60:.1f} min when made)", flush=True)
+    else:
+        started = time.perf_counter()
+        warm_start(resolve_model("tiny"), warm, demo, train, probe)
+        warm_s = time.perf_counter() - started
+        timing.write_text(json.dumps({"seconds": warm_s}))
+        print(f"warm start {warm_s / 60:.1f} min", flush=True)
+    if args.warm_only:
+        return 0
+
     runs: list[dict[str, Any]] = []
-    warm_minutes: dict[int, float] = {}
     for seed in seeds:
-        settings: dict[str, Any] = {"seed": seed, "progress": False}
-        cfg = DemoConfig.quick(**settings) if args.quick else DemoConfig(**settings)
-        tasks = make_tasks(cfg.n_train + cfg.n_val + cfg.n_probe, seed=cfg.seed)
-        train, val = tasks[: cfg.n_train], tasks[cfg.n_train : cfg.n_train + cfg.n_val]
-        probe = tasks[cfg.n_train + cfg.n_val :]
-        folder = out / f"seed{seed}"
-        warm = folder / "warm_start"
-        timing = folder / "warm_start_s.json"
-        if (warm / "warm_start.json").exists() and timing.exists():
-            warm_s = float(json.loads(timing.read_text())["seconds"])
-            print(f"seed {seed}: reusing the warm start in {warm} ({warm_s / 60:.1f} min when made)", flush=True)
-        else:
-            started = time.perf_counter()
-            warm_start(resolve_model("tiny"), warm, cfg, train, probe)
-            warm_s = time.perf_counter() - started
-            timing.write_text(json.dumps({"seconds": warm_s}))
-            print(f"seed {seed}: warm start {warm_s / 60:.1f} min", flush=True)
-        warm_minutes[seed] = warm_s / 60
-        if args.warm_only:
-            continue
+        # the phase's seed: task batches, torch, the backend; everything else is the demo's
+        phase = dataclasses.replace(demo, seed=seed)
         for algorithm in algorithms:
-            run_dir = folder / algorithm
+            run_dir = out / f"{algorithm}-seed{seed}"
             done = run_dir / "result.json"
             if args.reuse_runs and done.exists():
                 runs.append(json.loads(done.read_text()))
                 print(f"seed {seed} {algorithm}: reusing the finished run in {run_dir}", flush=True)
                 continue
-            trainer_cfg = demo_trainer_config(str(warm), str(run_dir), cfg, progress=False, tensorboard=False)
+            trainer_cfg = demo_trainer_config(str(warm), str(run_dir), phase, progress=False, tensorboard=False)
             if algorithm == "dpo":
                 from lightning_rl.algorithms.dpo import DPOConfig
                 from lightning_rl.trainer import TrainerConfig
 
                 shared = {
-                    f.name: getattr(trainer_cfg, f.name) for f in fields(TrainerConfig) if f.name != "update_rule"
+                    f.name: getattr(trainer_cfg, f.name)
+                    for f in dataclasses.fields(TrainerConfig)
+                    if f.name != "update_rule"
                 }
                 trainer_cfg = DPOConfig(
                     **shared, beta=args.beta, loss=args.dpo_loss, pairing=args.pairing, unit=args.unit
@@ -161,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tool_call_rate": per_step(metrics, "train/tool_call_rate"),
                 "reward": per_step(metrics, "train/reward_mean"),
                 "pairs": per_step(metrics, "train/dpo_pairs"),
+                "train_rollouts": sum(per_step(metrics, "train/n_rollouts")),
             }
             runs.append(row)
             done.write_text(json.dumps({**row, "commit": git_commit()}, indent=2))
@@ -168,20 +175,18 @@ def main(argv: list[str] | None = None) -> int:
                 f"seed {seed} {algorithm}: {row['before']:.2f} -> {row['after']:.2f} in {row['seconds'] / 60:.1f} min",
                 flush=True,
             )
-    if args.warm_only:
-        return 0
 
     command = "uv run python benchmarks/dpo_vs_grpo.py " + " ".join(sys.argv[1:] if argv is None else argv)
     lines = [
         f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at commit `{git_commit()}` by `{command.strip()}` "
         f"({cpu_name()}, {os.cpu_count()} cores; torch threads: {torch.get_num_threads()}; "
-        f"{'quick' if args.quick else 'default'} demo configuration; one warm start per seed, "
-        + ", ".join(f"seed {s} {m:.1f} min" for s, m in warm_minutes.items())
-        + f"; DPO: {args.dpo_loss} loss, beta {args.beta:g}, pairing {args.pairing}, unit {args.unit}).",
+        f"{'quick' if args.quick else 'default'} demo configuration; one warm start of demo seed {args.warm_seed}, "
+        f"{warm_s / 60:.1f} min when made, then each phase per seed; DPO: {args.dpo_loss} loss, beta {args.beta:g}, "
+        f"pairing {args.pairing}, unit {args.unit}).",
         "",
-        "| seed | algorithm | lr | held-out before | after | gain | DPO pairs per step "
+        "| seed | algorithm | lr | training rollouts | held-out before | after | gain | DPO pairs per step "
         "| tool-call rate per step | training reward per step | RL wall |",
-        "|---:|---|---:|---:|---:|---:|---|---|---|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|---|---|---|---:|",
     ]
     for row in runs:
         gain = row["after"] - row["before"]
@@ -189,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             str(row["seed"]),
             row["algorithm"].upper(),
             f"{row['lr']:g}",
+            f"{row['train_rollouts']:.0f}",
             f"{row['before']:.2f}",
             f"{row['after']:.2f}",
             f"**{gain:+.2f}**",
@@ -208,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "dpo_vs_grpo.md").write_text(text)
-    (out / "dpo_vs_grpo.json").write_text(json.dumps({"warm_start_min": warm_minutes, "runs": runs}, indent=2))
+    (out / "dpo_vs_grpo.json").write_text(json.dumps({"warm_start_s": warm_s, "runs": runs}, indent=2))
     print(text)
     return 0
 
