@@ -5,13 +5,20 @@ Each of N simulated runners loops ``claim -> add 10 spans in one batch -> finish
 over HTTP. For each backend and N we report completed rollouts/s (median of ``--repeats`` runs),
 and the CPU time the server and the client processes spent per rollout: on a shared machine the
 wall-clock rate depends on what else runs, the CPU cost per rollout much less. Last, the same loop
-runs in-process against ``SQLiteStore`` (no HTTP) to show the backend's own ceiling.
+runs in-process against ``SQLiteStore`` (no HTTP) to show the backend's own ceiling, and against
+``RedisStore`` when a Redis backend is benchmarked.
+
+Redis backends: ``redis`` is the server at ``--redis-url`` with whatever persistence it is configured
+with (the shared test server keeps nothing on disk); ``redis-aof`` is a ``redis-server`` this script
+starts in a temporary directory with ``appendonly yes`` and ``appendfsync always``: every acknowledged
+write is fsynced, as with SQLite's ``synchronous=FULL``, so that row is the like-for-like comparison.
 
 Run it when the machine is otherwise idle (it uses both cores: one for the server, one for the
 clients)::
 
     uv run python benchmarks/store_throughput.py
     uv run python benchmarks/store_throughput.py --backends sqlite --runners 32 --duration 3
+    uv run python benchmarks/store_throughput.py --backends redis,redis-aof --runners 32
 """
 
 from __future__ import annotations
@@ -21,12 +28,14 @@ import asyncio
 import contextlib
 import os
 import platform
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 
 from lightning_rl.store.base import LightningStore
@@ -37,18 +46,31 @@ __all__ = ["main"]
 
 BENCH_SCHEMA = "lightning_bench"
 DEFAULT_DSN = os.environ.get("LIGHTNING_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+DEFAULT_REDIS_URL = os.environ.get("LIGHTNING_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+BENCH_PREFIX = "lightning_bench:"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backends", default="sqlite,postgres", help="Comma-separated: sqlite, postgres, memory.")
+    p.add_argument(
+        "--backends",
+        default="sqlite,postgres,redis,redis-aof",
+        help="Comma-separated: sqlite, postgres, redis, redis-aof, memory.",
+    )
     p.add_argument("--runners", default="8,32,128", help="Comma-separated numbers of concurrent runners (N).")
     p.add_argument("--repeats", type=int, default=3, help="Runs per (backend, N); the median is reported.")
     p.add_argument("--duration", type=float, default=3.0, help="Seconds per run.")
     p.add_argument("--spans", type=int, default=10, help="Spans per rollout, sent in one batch.")
     p.add_argument("--backlog", type=int, default=0, help="Rollouts queued per run (0: 1500 x duration).")
     p.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL DSN (tables go to a scratch schema, dropped after).")
-    p.add_argument("--in-process", type=float, default=3.0, help="Seconds per in-process SQLite run (0 skips).")
+    p.add_argument(
+        "--redis-url",
+        default=DEFAULT_REDIS_URL,
+        help="Redis server of the redis backend (keys under a scratch prefix).",
+    )
+    p.add_argument(
+        "--in-process", type=float, default=3.0, help="Seconds per in-process SQLite (and Redis) run (0 skips)."
+    )
     return p.parse_args(argv)
 
 
@@ -133,11 +155,48 @@ async def one_run(
 # --------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def aof_redis_server(workdir: str) -> Iterator[str]:
+    """A ``redis-server`` in ``workdir`` with every write fsynced to its append-only file; yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--dir", workdir, "--save", ""]
+    args += ["--appendonly", "yes", "--appendfsync", "always"]
+    proc = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                conn.sendall(b"PING\r\n")
+                if conn.recv(16).startswith(b"+PONG"):
+                    break
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def drop_redis_keys(url: str) -> None:
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        keys = list(client.scan_iter(match=BENCH_PREFIX + "*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+
+
 @contextlib.asynccontextmanager
-async def server_process(backend: str, workdir: str, dsn: str) -> AsyncGenerator[tuple[str, int]]:
-    cmd = [sys.executable, "-m", "lightning_rl.cli", "store", "serve", "--backend", backend, "--port", "0"]
+async def server_process(backend: str, workdir: str, where: str) -> AsyncGenerator[tuple[str, int]]:
+    """``lightning-rl store serve`` for ``backend``; ``where`` is the PostgreSQL DSN or the Redis URL."""
+    kind = "redis" if backend.startswith("redis") else backend
+    cmd = [sys.executable, "-m", "lightning_rl.cli", "store", "serve", "--backend", kind, "--port", "0"]
     cmd += ["--path", os.path.join(workdir, "bench.db")] if backend == "sqlite" else []
-    cmd += ["--dsn", dsn, "--schema", BENCH_SCHEMA] if backend == "postgres" else []
+    cmd += ["--dsn", where, "--schema", BENCH_SCHEMA] if backend == "postgres" else []
+    cmd += ["--redis-url", where, "--prefix", BENCH_PREFIX] if kind == "redis" else []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
@@ -149,7 +208,9 @@ async def server_process(backend: str, workdir: str, dsn: str) -> AsyncGenerator
         proc.terminate()
         proc.wait(timeout=30)
         if backend == "postgres":
-            drop_schema(dsn)
+            drop_schema(where)
+        if kind == "redis":
+            drop_redis_keys(where)
 
 
 def drop_schema(dsn: str) -> None:
@@ -162,8 +223,13 @@ def drop_schema(dsn: str) -> None:
 async def bench_http(args: argparse.Namespace, backend: str, ns: list[int]) -> dict[int, list[Run]]:
     results: dict[int, list[Run]] = {}
     backlog = args.backlog or max(2000, int(1500 * args.duration))
-    with tempfile.TemporaryDirectory() as workdir:
-        async with server_process(backend, workdir, args.dsn) as (url, pid):
+    with tempfile.TemporaryDirectory() as workdir, contextlib.ExitStack() as stack:
+        where = args.dsn
+        if backend == "redis":
+            where = args.redis_url
+        elif backend == "redis-aof":
+            where = stack.enter_context(aof_redis_server(workdir))
+        async with server_process(backend, workdir, where) as (url, pid):
             client = StoreClient(url)
             try:
                 await one_run(client, 4, args.spans, 0.5, 200, None)  # warm up connections and caches
@@ -177,16 +243,24 @@ async def bench_http(args: argparse.Namespace, backend: str, ns: list[int]) -> d
     return results
 
 
-async def bench_in_process(args: argparse.Namespace) -> list[Run]:
+async def bench_in_process(args: argparse.Namespace, backend: str = "sqlite") -> list[Run]:
+    from lightning_rl.store.redis import RedisStore
     from lightning_rl.store.sqlite import SQLiteStore
 
-    with tempfile.TemporaryDirectory() as workdir:
-        store = SQLiteStore(os.path.join(workdir, "inproc.db"))
+    with tempfile.TemporaryDirectory() as workdir, contextlib.ExitStack() as stack:
+        store: LightningStore
+        if backend == "sqlite":
+            store = SQLiteStore(os.path.join(workdir, "inproc.db"))
+        else:
+            url = args.redis_url if backend == "redis" else stack.enter_context(aof_redis_server(workdir))
+            store = await RedisStore.open(url, prefix=BENCH_PREFIX)
         try:
             backlog = args.backlog or max(2000, int(1500 * args.in_process))
             return [await one_run(store, 32, args.spans, args.in_process, backlog, None) for _ in range(args.repeats)]
         finally:
             await store.close()
+            if backend == "redis":
+                drop_redis_keys(url)
 
 
 def row(label: str, n: int, runs: list[Run]) -> str:
@@ -202,7 +276,8 @@ async def amain(args: argparse.Namespace) -> None:
     ns = [int(x) for x in args.runners.split(",") if x]
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     rows: list[str] = []
-    for backend in [b for b in args.backends.split(",") if b]:
+    backends = [b for b in args.backends.split(",") if b]
+    for backend in backends:
         for n, runs in (await bench_http(args, backend, ns)).items():
             rows.append(row(f"{backend} over HTTP", n, runs))
     if args.in_process > 0:
@@ -210,6 +285,9 @@ async def amain(args: argparse.Namespace) -> None:
         rows.append(row("sqlite in-process", 32, runs))
         ops = statistics.median(r.rate for r in runs) * 3  # claim + add_spans + finish per rollout
         print(f"in-process SQLite: {ops:.0f} store ops/s (claim, add_spans x10, finish)")
+        for backend in [b for b in backends if b.startswith("redis")]:
+            runs = await bench_in_process(args, backend)
+            rows.append(row(f"{backend} in-process", 32, runs))
     print("\n| store | N runners | rollouts/s (median) | runs | server CPU ms/rollout | client CPU ms/rollout | load |")
     print("|---|---:|---:|---|---:|---:|---:|")
     print("\n".join(rows))

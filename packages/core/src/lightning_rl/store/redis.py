@@ -9,8 +9,11 @@ Why it looks like this:
   only if its ``(trace_id, span_id)`` is new (idempotent even when two clients send one batch at
   once). Everything else (finish, heartbeat, cancel, expiry, enqueue, prune) changes one rollout or a
   few at a time and runs as an **optimistic transaction** (``WATCH`` the keys, read, decide in
-  Python, ``MULTI``/``EXEC``; retried if a watched key changed), so *what* happens is decided by
-  ``store.base`` and ``store._sql``, the very functions the other backends call.
+  Python, ``MULTI``/``EXEC``; started over if a watched key changed), so *what* happens is decided
+  by ``store.base`` and ``store._sql``, the very functions the other backends call.
+* **Few round trips.** redis-py provides the connection pool and the protocol; the store sends its
+  commands in batches on one connection (``WATCH`` with the reads it guards, then ``MULTI`` … ``EXEC``
+  with all the writes), so a finish is three round trips and a claim or a span batch one.
 * **Layout.** Under a key prefix (default ``lightning:``): one hash per rollout (``r:<id>``) and per
   attempt (``a:<id>``) whose fields hold JSON values (floats written as their shortest round-trip
   text, so a value reads back bit for bit); sorted sets for the order of rollouts (``rollouts``,
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import time
@@ -38,7 +42,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from lightning_rl.errors import InvalidRequestError, StoreUnavailableError
+from lightning_rl.errors import InvalidRequestError, LightningError, StoreUnavailableError
 from lightning_rl.store import _sql as q
 from lightning_rl.store._spanjson import dump_span
 from lightning_rl.store.base import (
@@ -57,6 +61,7 @@ from lightning_rl.types import (
     LLMResource,
     Resources,
     Rollout,
+    RolloutConfig,
     RolloutRequest,
     RolloutStatus,
     Span,
@@ -68,7 +73,7 @@ from lightning_rl.types import (
 
 try:
     import redis.asyncio as aioredis
-    from redis.exceptions import RedisError, WatchError
+    from redis.exceptions import NoScriptError, RedisError
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("RedisStore needs redis-py: install it with `pip install 'lightning-rl[redis]'`.") from exc
 
@@ -78,9 +83,8 @@ DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX: Final = "lightning:"
 SCHEMA_VERSION: Final = 1
 _RETRIES: Final = 200
-"""Optimistic transactions retried this often before giving up (each conflict means another client
-changed the same rollout meanwhile, so progress is made by someone every time)."""
-
+"""Optimistic transactions started over this often before giving up (each conflict means another
+client changed the same rollout meanwhile, so someone makes progress every time)."""
 _EXPIRE_BATCH: Final = 100
 """Overdue attempts ended in one transaction."""
 _POOL_WAIT_S: Final = 60.0
@@ -88,18 +92,21 @@ _POOL_WAIT_S: Final = 60.0
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
-Writes = Callable[[Any], bool | None]
-"""Queues a transaction's writes on the pipeline; returns True when they end a rollout (waiters wake)."""
+Command = tuple[str | int | float, ...]
 
-_WAITING = ('"queued"', '"requeued"')
 _RUNNING = json.dumps(AttemptStatus.RUNNING.value)
+_TERMINAL = frozenset(json.dumps(s.value) for s in TERMINAL_ROLLOUT)
+_ROLLOUT_MUTABLE = ("status", "attempt_count", "updated_at", "ended_at", "final_reward", "error")
 
 # --------------------------------------------------------------------------------------------
 # Lua scripts (ARGV[1] is the key prefix; values are JSON text, as stored)
 # --------------------------------------------------------------------------------------------
 
 _CLAIM_LUA = """
-local p, n, worker, t, worker_tmo = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local p, n, worker, t, worker_tmo, check = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+if check == '1' and #redis.call('ZRANGEBYSCORE', p .. 'running', '-inf', t, 'LIMIT', 0, 1) > 0 then
+  return -1
+end
 local tnum = tonumber(t)
 local out = {}
 local i = 0
@@ -111,7 +118,7 @@ while i < n do
   local status = redis.call('HGET', rkey, 'status')
   if status == '"queued"' or status == '"requeued"' then
     i = i + 1
-    local aid, gkey = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+    local aid, gkey = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
     local number = redis.call('HINCRBY', rkey, 'attempt_count', 1)
     redis.call('HSET', rkey, 'status', '"running"', 'updated_at', t)
     -- attempt_timeout and attempt_deadline of store.base, on the values enqueue stored for them
@@ -137,8 +144,10 @@ while i < n do
 end
 return out
 """
-"""Take up to n waiting rollouts, oldest first, and open an attempt on each (ARGV[6..]: attempt id
-and JSON gateway key per slot). Stale queue entries (a rollout no longer waiting) are dropped."""
+"""Take up to n waiting rollouts, oldest first, and open an attempt on each (ARGV[7..]: attempt id
+and JSON gateway key per slot). Stale queue entries (a rollout no longer waiting) are dropped. With
+ARGV[6] = '1' it first answers -1, claiming nothing, if an attempt is overdue: the caller expires
+(which may requeue rollouts) and claims again, as every backend expires before it claims."""
 
 _ADD_SPANS_LUA = """
 local p = ARGV[1]
@@ -172,7 +181,18 @@ _SEQ_MARK = -7_351_960_284_113
 """A ``seq`` written into span JSON and replaced by the script with the real one (``seq`` is the
 span's last field, so its last occurrence is the span's own)."""
 
-_ROLLOUT_MUTABLE = ("status", "attempt_count", "updated_at", "ended_at", "final_reward", "error")
+
+class _Script:
+    """A Lua script run by ``EVALSHA``, loaded with ``EVAL`` the first time a server lacks it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+
+_CLAIM = _Script(_CLAIM_LUA)
+_ADD_SPANS = _Script(_ADD_SPANS_LUA)
+_ADD_RESOURCES = _Script(_ADD_RESOURCES_LUA)
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,21 +200,25 @@ _ROLLOUT_MUTABLE = ("status", "attempt_count", "updated_at", "ended_at", "final_
 # --------------------------------------------------------------------------------------------
 
 
-def _decode(fields: dict[str, str]) -> dict[str, Any]:
-    return {k: json.loads(v) for k, v in fields.items() if not k.startswith("_")}
-
-
 def _pairs(flat: Sequence[str]) -> dict[str, str]:
     return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
 
-def _rollout_fields(r: Rollout, only: Sequence[str] | None = None) -> dict[str, str]:
-    data = r.model_dump(mode="json", include=set(only) if only else None)
-    return {k: json.dumps(v) for k, v in data.items()}
+def _decode(flat: Sequence[str]) -> dict[str, Any]:
+    return {flat[i]: json.loads(flat[i + 1]) for i in range(0, len(flat), 2) if not flat[i].startswith("_")}
 
 
-def _attempt_fields(a: Attempt) -> dict[str, str]:
-    return {k: json.dumps(v) for k, v in a.model_dump(mode="json").items()}
+def _rollout_from(flat: Sequence[str]) -> Rollout | None:
+    return Rollout.model_validate(_decode(flat)) if flat else None
+
+
+def _attempt_from(flat: Sequence[str]) -> Attempt | None:
+    return Attempt.model_validate(_decode(flat)) if flat else None
+
+
+def _fields(data: dict[str, Any]) -> list[str]:
+    """A model dump as ``HSET`` arguments: field, JSON value, field, JSON value, ..."""
+    return [item for k, v in data.items() for item in (k, json.dumps(v))]
 
 
 def _span_key(span: Span) -> str:
@@ -226,25 +250,62 @@ def _parse_url(url: str, prefix: str | None) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=rest)), chosen
 
 
+def _counts(flat: Sequence[str]) -> dict[str, int]:
+    """Counter hash (JSON status -> count) as the ``StoreStats`` dict, without zero entries."""
+    out = {cast(str, json.loads(k)): int(v) for k, v in _pairs(flat).items()}
+    return {k: v for k, v in out.items() if v}
+
+
+class _Link:
+    """One pooled connection; ``run`` sends a batch of commands and reads every reply (one round trip)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.watching = False
+
+    async def run(self, *commands: Command) -> list[Any]:
+        await self.conn.send_packed_command(self.conn.pack_commands(commands))
+        replies: list[Any] = []
+        error: RedisError | None = None
+        for _ in commands:
+            try:
+                replies.append(await self.conn.read_response())
+            except RedisError as exc:  # an error reply: read the rest so the connection stays in step
+                if not isinstance(exc, NoScriptError) or len(commands) > 1:
+                    error = error or exc
+                replies.append(exc)
+        if error is not None:
+            raise error
+        return replies
+
+    async def watch(self, keys: Sequence[str], *reads: Command) -> list[Any]:
+        """``WATCH keys`` and the reads it guards, in one round trip; returns the reads' replies."""
+        self.watching = True
+        return (await self.run(("WATCH", *keys), *reads))[1:]
+
+    async def script(self, script: _Script, args: Sequence[str | int | float]) -> Any:
+        (reply,) = await self.run(("EVALSHA", script.sha, 0, *args))
+        if isinstance(reply, NoScriptError):
+            (reply,) = await self.run(("EVAL", script.text, 0, *args))
+        return reply
+
+
+Body = Callable[[_Link], Awaitable[tuple[T, list[Command], bool]]]
+"""A transaction: WATCHes and reads on the link, returns (result, writes, whether they end a rollout)."""
+
+
 class RedisStore:
     """A store on a Redis server (see the module docstring). Create it with ``await RedisStore.open(url)``."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str, poll_s: float, max_connections: int) -> None:
+    def __init__(self, pool: aioredis.BlockingConnectionPool, prefix: str, poll_s: float) -> None:
         """Use ``RedisStore.open``; this only records the settings."""
-        # redis-py types its replies as ``Awaitable[Any] | Any``; the store talks to it as Any.
-        self._r: Any = client
+        # redis-py's types are partial; the store only takes connections from the pool and hands them back.
+        self._pool: Any = pool
         self._p = prefix
         self._poll_s = poll_s
         self._closed = False
         self._waiters: set[asyncio.Event] = set()
-        # A transaction holds its WATCH connection while its reads take another from the pool: with
-        # at most max_connections - 1 transactions open, one connection is always left for those
-        # reads, so transactions can never wait on each other for connections (no deadlock).
-        self._txn_slots = asyncio.Semaphore(max_connections - 1)
         self._expire_lock = asyncio.Lock()
-        self._claim_lua: Any = self._r.register_script(_CLAIM_LUA)
-        self._spans_lua: Any = self._r.register_script(_ADD_SPANS_LUA)
-        self._resources_lua: Any = self._r.register_script(_ADD_RESOURCES_LUA)
         self.persistence: dict[str, str] = {}
         """The server's ``appendonly`` / ``appendfsync`` / ``save`` settings as read at open (empty if
         the server does not allow ``CONFIG GET``)."""
@@ -261,31 +322,28 @@ class RedisStore:
             prefix: The prefix of every key (default ``lightning:``); one Redis database can hold
                 several stores under different prefixes.
             poll_s: How often ``wait_for_rollouts`` re-reads for other clients' changes.
-            max_connections: Most connections used at once (at least 2: a transaction holds one for
-                its ``WATCH`` while it reads on another).
+            max_connections: Most connections used at once (callers beyond wait for one).
         """
-        if max_connections < 2:
-            raise InvalidRequestError(f"max_connections must be >= 2, got {max_connections}.")
+        if max_connections < 1:
+            raise InvalidRequestError(f"max_connections must be >= 1, got {max_connections}.")
         redis_url, chosen = _parse_url(url, prefix)
-        # A blocking pool: a caller waits for a free connection instead of failing with "Too many connections".
         pool = aioredis.BlockingConnectionPool.from_url(
             redis_url, max_connections=max_connections, timeout=_POOL_WAIT_S, decode_responses=True
         )
-        client = aioredis.Redis.from_pool(pool)
-        store = cls(client, chosen, poll_s, max_connections)
+        store = cls(pool, chosen, poll_s)
         try:
-            async with store._guard():
-                meta = store._p + "meta"
-                await store._r.hsetnx(meta, "schema_version", str(SCHEMA_VERSION))
-                version = await store._r.hget(meta, "schema_version")
-                if version != str(SCHEMA_VERSION):
-                    raise StoreUnavailableError(
-                        f"Redis store under prefix {chosen!r} has layout version {version}, this Lightning expects "
-                        f"{SCHEMA_VERSION}; use another prefix or the matching Lightning version."
-                    )
-                await store._read_persistence()
+            meta = store._k("meta")
+            _, version = await store._read(
+                ("HSETNX", meta, "schema_version", str(SCHEMA_VERSION)), ("HGET", meta, "schema_version")
+            )
+            if version != str(SCHEMA_VERSION):
+                raise StoreUnavailableError(
+                    f"Redis store under prefix {chosen!r} has layout version {version}, this Lightning expects "
+                    f"{SCHEMA_VERSION}; use another prefix or the matching Lightning version."
+                )
+            await store._read_persistence()
         except BaseException:
-            await client.aclose()
+            await store.close()
             raise
         return store
 
@@ -299,10 +357,11 @@ class RedisStore:
 
     async def _read_persistence(self) -> None:
         try:
-            for name in ("appendonly", "appendfsync", "save"):
-                self.persistence.update(await self._r.config_get(name))
-        except RedisError:  # CONFIG is often disabled on managed servers: nothing to check then
+            replies = await self._read(*(("CONFIG", "GET", name) for name in ("appendonly", "appendfsync", "save")))
+        except StoreUnavailableError:  # CONFIG is often disabled on managed servers: nothing to check then
             return
+        for flat in replies:
+            self.persistence.update(_pairs(flat))
         if self.persistence.get("appendonly") != "yes":
             _log.warning(
                 "the Redis server keeps no append-only file (appendonly %s, save %r): acknowledged writes are lost "
@@ -327,6 +386,10 @@ class RedisStore:
     def _k(self, name: str) -> str:
         return self._p + name
 
+    def _due(self, t: float) -> Command:
+        """The command that finds one overdue attempt, if any (sent along with an operation's reads)."""
+        return ("ZRANGEBYSCORE", self._k("running"), "-inf", repr(t), "LIMIT", 0, 1)
+
     # --- rollouts ---------------------------------------------------------------------------
     async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         check_batch("enqueue", len(requests))
@@ -334,10 +397,11 @@ class RedisStore:
         if not reqs:
             return []
         unique = list(dict.fromkeys(r.id for r in reqs))
+        keys = [self._rk(rid) for rid in unique]
 
-        async def txn(pipe: Any) -> tuple[list[Rollout], Writes]:
-            await pipe.watch(*(self._rk(rid) for rid in unique))
-            found = {r.id: r for r in await self._load_rollouts(unique) if r is not None}
+        async def txn(link: _Link) -> tuple[list[Rollout], list[Command], bool]:
+            rows = await link.watch(keys, *(("HGETALL", k) for k in keys))
+            found = {r.id: r for r in map(_rollout_from, rows) if r is not None}
             fresh: list[Rollout] = []
             t = now()
             for req in reqs:
@@ -348,67 +412,67 @@ class RedisStore:
                 rollout = Rollout(**req.model_dump(), created_at=t, updated_at=t)
                 found[req.id] = rollout
                 fresh.append(rollout)
+            writes: list[Command] = []
             if fresh:
-                last = int(await self._r.incrby(self._k("rseq"), len(fresh)))
+                (last,) = await link.run(("INCRBY", self._k("rseq"), len(fresh)))
                 for i, rollout in enumerate(fresh):
-                    rollout.seq = last - len(fresh) + 1 + i
-
-            def write(p: Any) -> None:
-                for rollout in fresh:
-                    fields = _rollout_fields(rollout)
-                    fields["_hb"] = _float_json(
-                        rollout.config.heartbeat_timeout_s
-                        if rollout.config.heartbeat_timeout_s is not None
-                        else DEFAULT_HEARTBEAT_TIMEOUT_S
-                    )
-                    fields["_tmo"] = _float_json(rollout.config.timeout_s)
-                    p.hset(self._rk(rollout.id), mapping=fields)
-                if fresh:
-                    p.zadd(self._k("rollouts"), {r.id: r.seq for r in fresh})
-                    p.zadd(self._k("waiting"), {r.id: r.seq for r in fresh})
-                    p.hincrby(self._k("nr"), json.dumps(RolloutStatus.QUEUED.value), len(fresh))
-
-            return q.unshared([found[r.id] for r in reqs]), write
+                    rollout.seq = int(last) - len(fresh) + 1 + i
+                for r in fresh:
+                    hb = r.config.heartbeat_timeout_s
+                    hidden = ["_hb", _float_json(hb if hb is not None else DEFAULT_HEARTBEAT_TIMEOUT_S)]
+                    hidden += ["_tmo", _float_json(r.config.timeout_s)]
+                    writes.append(("HSET", self._rk(r.id), *_fields(r.model_dump(mode="json")), *hidden))
+                by_seq = [item for r in fresh for item in (r.seq, r.id)]
+                writes.append(("ZADD", self._k("rollouts"), *by_seq))
+                writes.append(("ZADD", self._k("waiting"), *by_seq))
+                writes.append(("HINCRBY", self._k("nr"), json.dumps(RolloutStatus.QUEUED.value), len(fresh)))
+            return q.unshared([found[r.id] for r in reqs]), writes, False
 
         return await self._transact(txn)
 
     async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
         q.check_claim_args(worker_id, n, timeout_s)
-        async with self._guard():
-            await self._expire(now())
-            slots: list[str] = []
-            for _ in range(n):
-                slots += [new_id("at-"), json.dumps(new_gateway_key())]
-            args = [self._p, n, json.dumps(worker_id), json.dumps(now()), _float_json(timeout_s), *slots]
-            rows: list[list[list[str]]] = await self._claim_lua(keys=[], args=args)
+        slots: list[str] = []
+        for _ in range(n):
+            slots += [new_id("at-"), json.dumps(new_gateway_key())]
+        check = "1"
+        while True:
+            t = now()
+            args = [self._p, n, json.dumps(worker_id), json.dumps(t), _float_json(timeout_s), check, *slots]
+            async with self._link() as link:
+                rows = await link.script(_CLAIM, args)
+            if rows != -1:
+                break
+            await self._expire(t)  # an attempt was overdue: expire first (it may requeue a rollout)
+            check = "0"
         return [
-            Claim(
-                rollout=Rollout.model_validate(_decode(_pairs(r))),
-                attempt=Attempt.model_validate(_decode(_pairs(a))),
-            )
-            for r, a in rows
+            Claim(rollout=Rollout.model_validate(_decode(r)), attempt=Attempt.model_validate(_decode(a)))
+            for r, a in cast(list[list[list[str]]], rows)
         ]
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
-        async with self._guard():
-            await self._expire(now())
+        await self._expire_due()
+        akey = self._ak(attempt_id)
 
-        async def txn(pipe: Any) -> tuple[Attempt, Writes]:
-            await pipe.watch(self._ak(attempt_id))
-            attempt = await self._attempt(attempt_id)
+        async def txn(link: _Link) -> tuple[Attempt, list[Command], bool]:
+            (row,) = await link.watch([akey], ("HGETALL", akey))
+            attempt = _attempt_from(row)
+            if attempt is None:
+                raise q.attempt_not_found(attempt_id)
             if attempt.status is not AttemptStatus.RUNNING:
                 check_attempt_transition(attempt.id, attempt.status, AttemptStatus.RUNNING)
-            rollout = await self._rollout(attempt.rollout_id)
+            (config,) = await link.run(("HGET", self._rk(attempt.rollout_id), "config"))
             t = now()
             attempt.heartbeat_at = t
-            attempt.deadline = attempt_deadline(rollout.config, attempt.started_at, t, attempt.timeout_s)
-            deadline = attempt.deadline
-
-            def write(p: Any) -> None:
-                p.hset(self._ak(attempt.id), mapping={"heartbeat_at": json.dumps(t), "deadline": json.dumps(deadline)})
-                p.zadd(self._k("running"), {attempt.id: deadline})
-
-            return attempt, write
+            deadline = attempt_deadline(
+                RolloutConfig.model_validate_json(config), attempt.started_at, t, attempt.timeout_s
+            )
+            attempt.deadline = deadline
+            writes: list[Command] = [
+                ("HSET", akey, "heartbeat_at", json.dumps(t), "deadline", json.dumps(deadline)),
+                ("ZADD", self._k("running"), deadline, attempt.id),
+            ]
+            return attempt, writes, False
 
         return await self._transact(txn)
 
@@ -421,16 +485,23 @@ class RedisStore:
         reward: float | None = None,
     ) -> Rollout:
         q.check_finish(status, reward)
-        async with self._guard():
-            await self._expire(now())
-            rollout_id = await self._rollout_of(attempt_id)
+        t = now()
+        due, owner = await self._read(self._due(t), ("HGET", self._ak(attempt_id), "rollout_id"))
+        if due:
+            await self._expire(t)
+        if owner is None:
+            raise q.attempt_not_found(attempt_id)
+        rkey, akey = self._rk(cast(str, json.loads(owner))), self._ak(attempt_id)
 
-        async def txn(pipe: Any) -> tuple[Rollout, Writes]:
-            await pipe.watch(self._rk(rollout_id), self._ak(attempt_id))
-            rollout, attempt = await self._rollout(rollout_id), await self._attempt(attempt_id)
+        async def txn(link: _Link) -> tuple[Rollout, list[Command], bool]:
+            rrow, arow = await link.watch([rkey, akey], ("HGETALL", rkey), ("HGETALL", akey))
+            rollout, attempt = _rollout_from(rrow), _attempt_from(arow)
+            if rollout is None or attempt is None:  # pruned meanwhile
+                raise q.attempt_not_found(attempt_id)
             before = rollout.status
             q.end_attempt(rollout, attempt, status, None, error, reward, now())
-            return rollout, lambda p: self._write_changes(p, [(before, rollout, attempt)])
+            writes, ends = self._changes([(before, rollout, attempt)])
+            return rollout, writes, ends
 
         return await self._transact(txn)
 
@@ -440,17 +511,28 @@ class RedisStore:
         if not ids:
             return []
         unique = list(dict.fromkeys(ids))
+        keys = [self._rk(rid) for rid in unique]
 
-        async def txn(pipe: Any) -> tuple[list[Rollout], Writes]:
-            await pipe.watch(*(self._rk(rid) for rid in unique))
-            loaded = await self._load_rollouts(unique)
+        async def txn(link: _Link) -> tuple[list[Rollout], list[Command], bool]:
+            rows = await link.watch(
+                keys, *(("HGETALL", k) for k in keys), *(("LINDEX", self._rak(r), -1) for r in unique)
+            )
             rollouts: dict[str, Rollout] = {}
-            for rid, rollout in zip(unique, loaded, strict=True):
+            for rid, row in zip(unique, rows[: len(unique)], strict=True):
+                rollout = _rollout_from(row)
                 if rollout is None:
                     raise q.rollout_not_found(rid)
                 rollouts[rid] = rollout
-            live = [rid for rid in unique if rollouts[rid].status not in TERMINAL_ROLLOUT]
-            running = await self._running_attempts(pipe, live)
+            live = [r for r in unique if rollouts[r].status not in TERMINAL_ROLLOUT]
+            last = dict(zip(unique, rows[len(unique) :], strict=True))
+            aids = [last[r] for r in live if last[r] is not None and rollouts[r].status is RolloutStatus.RUNNING]
+            running: dict[str, Attempt] = {}
+            if aids:
+                akeys = [self._ak(a) for a in aids]
+                for row in await link.watch(akeys, *(("HGETALL", k) for k in akeys)):
+                    attempt = _attempt_from(row)
+                    if attempt is not None and attempt.status is AttemptStatus.RUNNING:
+                        running[attempt.rollout_id] = attempt
             t = now()
             changed: list[tuple[RolloutStatus, Rollout, Attempt | None]] = []
             for rid in live:
@@ -458,14 +540,17 @@ class RedisStore:
                 before = rollout.status
                 if q.cancel_rollout(rollout, attempt, t):
                     changed.append((before, rollout, attempt))
-            return q.unshared([rollouts[rid] for rid in ids]), lambda p: self._write_changes(p, changed)
+            writes, ends = self._changes(changed)
+            return q.unshared([rollouts[rid] for rid in ids]), writes, ends
 
         return await self._transact(txn)
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        async with self._guard():
-            await self._expire(now())
-            return await self._rollout(rollout_id)
+        await self._expire_due()
+        (rollout,) = await self._rollouts([rollout_id])
+        if rollout is None:
+            raise q.rollout_not_found(rollout_id)
+        return rollout
 
     async def query_rollouts(
         self,
@@ -487,30 +572,29 @@ class RedisStore:
                 and (mode is None or r.mode == mode)
             )
 
-        async with self._guard():
-            await self._expire(now())
-            if ids is not None:
-                found = [r for r in await self._load_rollouts(list(dict.fromkeys(ids))) if r is not None]
-                found.sort(key=lambda r: r.seq)
-                return [r for r in found if keep(r)][offset : offset + limit]
-            if statuses is None and group_id is None and mode is None:
-                page: list[str] = await self._r.zrange(self._k("rollouts"), offset, offset + limit - 1)
-                return [r for r in await self._load_rollouts(page) if r is not None]
-            out: list[Rollout] = []
-            skipped, start, chunk = 0, 0, 1000
-            while len(out) < limit:
-                some: list[str] = await self._r.zrange(self._k("rollouts"), start, start + chunk - 1)
-                if not some:
-                    break
-                start += chunk
-                for r in await self._load_rollouts(some):
-                    if r is None or not keep(r):
-                        continue
-                    if skipped < offset:
-                        skipped += 1
-                    elif len(out) < limit:
-                        out.append(r)
-            return out
+        await self._expire_due()
+        if ids is not None:
+            found = [r for r in await self._rollouts(list(dict.fromkeys(ids))) if r is not None]
+            found.sort(key=lambda r: r.seq)
+            return [r for r in found if keep(r)][offset : offset + limit]
+        if statuses is None and group_id is None and mode is None:
+            (page,) = await self._read(("ZRANGE", self._k("rollouts"), offset, offset + limit - 1))
+            return [r for r in await self._rollouts(page) if r is not None]
+        out: list[Rollout] = []
+        skipped, start, chunk = 0, 0, 1000
+        while len(out) < limit:
+            (some,) = await self._read(("ZRANGE", self._k("rollouts"), start, start + chunk - 1))
+            if not some:
+                break
+            start += chunk
+            for r in await self._rollouts(some):
+                if r is None or not keep(r):
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                elif len(out) < limit:
+                    out.append(r)
+        return out
 
     async def wait_for_rollouts(self, ids: Sequence[str], timeout_s: float) -> list[Rollout]:
         wanted = list(ids)
@@ -521,9 +605,8 @@ class RedisStore:
         try:
             while True:
                 changed.clear()
-                async with self._guard():
-                    await self._expire(now())
-                    ended = await self._ended(wanted)
+                await self._expire_due()
+                ended = await self._ended(wanted)
                 remaining = deadline - loop.time()
                 if len(ended) == len(wanted) or remaining <= 0:
                     return ended
@@ -534,16 +617,22 @@ class RedisStore:
 
     # --- attempts ---------------------------------------------------------------------------
     async def get_attempt(self, attempt_id: str) -> Attempt:
-        async with self._guard():
-            await self._expire(now())
-            return await self._attempt(attempt_id)
+        await self._expire_due()
+        (row,) = await self._read(("HGETALL", self._ak(attempt_id)))
+        attempt = _attempt_from(row)
+        if attempt is None:
+            raise q.attempt_not_found(attempt_id)
+        return attempt
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
-        async with self._guard():
-            await self._expire(now())
-            await self._rollout(rollout_id)
-            aids: list[str] = await self._r.lrange(self._rak(rollout_id), 0, -1)
-            return [a for a in await self._load_attempts(aids) if a is not None]
+        await self._expire_due()
+        exists, aids = await self._read(("EXISTS", self._rk(rollout_id)), ("LRANGE", self._rak(rollout_id), 0, -1))
+        if not exists:
+            raise q.rollout_not_found(rollout_id)
+        if not aids:
+            return []
+        rows = await self._read(*(("HGETALL", self._ak(a)) for a in aids))
+        return [a for a in map(_attempt_from, rows) if a is not None]
 
     # --- spans ------------------------------------------------------------------------------
     async def add_spans(self, spans: Sequence[Span]) -> int:
@@ -554,11 +643,10 @@ class RedisStore:
         for span in spans:
             head, tail = _split_span(span)
             args += [_span_key(span), span.attempt_id, json.dumps(span.rollout_id), head, tail]
-        async with self._guard():
-            result = int(await self._spans_lua(keys=[], args=args))
+        async with self._link() as link:
+            result = int(await link.script(_ADD_SPANS, args))
         if result < 0:
-            bad = spans[-result - 1]
-            q.check_span_targets([bad], {})  # raises NotFoundError naming the span and its attempt
+            q.check_span_targets([spans[-result - 1]], {})  # raises NotFoundError naming the span and attempt
         return result
 
     async def query_spans(
@@ -571,30 +659,27 @@ class RedisStore:
         offset: int = 0,
     ) -> list[Span]:
         check_page(limit, offset)
-        async with self._guard():
-            if attempt_id is not None:
-                owner = await self._r.hget(self._ak(attempt_id), "rollout_id")
-                inside = owner is not None and (rollout_id is None or json.loads(owner) == rollout_id)
-                aids = [attempt_id] if inside else []
-            elif rollout_id is not None:
-                aids = await self._r.lrange(self._rak(rollout_id), 0, -1)
-            else:
-                aids = await self._r.zrange(self._k("attempts"), 0, -1)
-            if name is not None:
-                texts = await self._span_texts(aids, 0, None)
-                named = [s for s in map(Span.model_validate_json, texts) if s.name == name]
-                return named[offset : offset + limit]
-            return [Span.model_validate_json(text) for text in await self._span_texts(aids, offset, limit)]
+        aids: list[str]
+        if attempt_id is not None:
+            (owner,) = await self._read(("HGET", self._ak(attempt_id), "rollout_id"))
+            inside = owner is not None and (rollout_id is None or json.loads(owner) == rollout_id)
+            aids = [attempt_id] if inside else []
+        elif rollout_id is not None:
+            (aids,) = await self._read(("LRANGE", self._rak(rollout_id), 0, -1))
+        else:
+            (aids,) = await self._read(("ZRANGE", self._k("attempts"), 0, -1))
+        if name is not None:
+            texts = await self._span_texts(aids, 0, None)
+            named = [s for s in map(Span.model_validate_json, texts) if s.name == name]
+            return named[offset : offset + limit]
+        return [Span.model_validate_json(text) for text in await self._span_texts(aids, offset, limit)]
 
     async def _span_texts(self, aids: list[str], offset: int, limit: int | None) -> list[str]:
         """Span JSON of ``aids`` in order, ``offset``/``limit`` applied across attempts by list lengths."""
         if not aids:
             return []
-        pipe = self._r.pipeline(transaction=False)
-        for aid in aids:
-            pipe.llen(self._sk(aid))
-        lengths: list[int] = await pipe.execute()
-        pipe = self._r.pipeline(transaction=False)
+        lengths: list[int] = await self._read(*(("LLEN", self._sk(a)) for a in aids))
+        ranges: list[Command] = []
         skip, left = offset, limit
         for aid, length in zip(aids, lengths, strict=True):
             if left is not None and left <= 0:
@@ -603,11 +688,13 @@ class RedisStore:
                 skip -= length
                 continue
             stop = length - 1 if left is None else min(length - 1, skip + left - 1)
-            pipe.lrange(self._sk(aid), skip, stop)
+            ranges.append(("LRANGE", self._sk(aid), skip, stop))
             if left is not None:
                 left -= stop - skip + 1
             skip = 0
-        return [text for chunk in await pipe.execute() for text in chunk]
+        if not ranges:
+            return []
+        return [text for chunk in await self._read(*ranges) for text in chunk]
 
     # --- resources --------------------------------------------------------------------------
     async def add_resources(
@@ -618,75 +705,73 @@ class RedisStore:
         extra: dict[str, object] | None = None,
     ) -> Resources:
         res = Resources(version=1, llm=llm, prompts=prompts or {}, extra=extra or {})
-        async with self._guard():
-            res.version = int(
-                await self._resources_lua(keys=[], args=[self._p, res.model_dump_json(exclude={"version"})])
-            )
+        async with self._link() as link:
+            res.version = int(await link.script(_ADD_RESOURCES, [self._p, res.model_dump_json(exclude={"version"})]))
         return res
 
     async def get_resources(self, version: int | None = None) -> Resources:
-        async with self._guard():
-            latest = int(await self._r.hlen(self._k("res")))
-            wanted = latest if version is None else version
-            data = await self._r.hget(self._k("res"), str(wanted)) if latest else None
+        (latest,) = await self._read(("HLEN", self._k("res")))
+        wanted = int(latest) if version is None else version
+        (data,) = await self._read(("HGET", self._k("res"), wanted)) if latest else (None,)
         if data is None:
-            raise q.resources_not_found(version, latest)
+            raise q.resources_not_found(version, int(latest))
         return Resources.model_validate({**json.loads(data), "version": wanted})
 
     # --- housekeeping -----------------------------------------------------------------------
     async def expire(self, now: float | None = None) -> int:
-        async with self._guard():
-            return await self._expire(time.time() if now is None else now)
+        return await self._expire(time.time() if now is None else now)
 
     async def prune(self, older_than: float) -> int:
-        async with self._guard():
-            doomed: list[str] = await self._r.zrangebyscore(self._k("ended"), "-inf", f"({older_than!r}")
+        (doomed,) = await self._read(("ZRANGEBYSCORE", self._k("ended"), "-inf", f"({older_than!r}"))
         pruned = 0
         for rid in doomed:
             pruned += await self._prune_one(rid, older_than)
         return pruned
 
     async def _prune_one(self, rid: str, older_than: float) -> int:
-        async def txn(pipe: Any) -> tuple[int, Writes]:
-            await pipe.watch(self._rk(rid), self._rak(rid))
-            rollout = (await self._load_rollouts([rid]))[0]
-            ended = rollout is not None and rollout.ended_at is not None and rollout.ended_at < older_than
-            if rollout is None or not ended or rollout.status not in TERMINAL_ROLLOUT:
-                return 0, lambda p: None
-            aids: list[str] = await self._r.lrange(self._rak(rid), 0, -1)
+        rkey, rakey = self._rk(rid), self._rak(rid)
+
+        async def txn(link: _Link) -> tuple[int, list[Command], bool]:
+            row, aids = await link.watch([rkey, rakey], ("HGETALL", rkey), ("LRANGE", rakey, 0, -1))
+            rollout = _rollout_from(row)
+            if rollout is None or rollout.status not in TERMINAL_ROLLOUT or not (rollout.ended_at or 0) < older_than:
+                return 0, [], False
+            attempts: list[Attempt] = []
+            texts: list[str] = []
             if aids:
-                await pipe.watch(*(self._sk(a) for a in aids), *(self._ak(a) for a in aids))
-            attempts = [a for a in await self._load_attempts(aids) if a is not None]
-            texts = await self._span_texts(aids, 0, None)
-            keys = [_span_key(Span.model_validate_json(t)) for t in texts]
-
-            def write(p: Any) -> None:
-                p.delete(self._rk(rid), self._rak(rid), *(self._ak(a) for a in aids), *(self._sk(a) for a in aids))
-                if keys:
-                    p.hdel(self._k("sk"), *keys)
-                p.zrem(self._k("rollouts"), rid)
-                p.zrem(self._k("ended"), rid)
-                p.zrem(self._k("waiting"), rid)
-                if aids:
-                    p.zrem(self._k("attempts"), *aids)
-                    p.zrem(self._k("running"), *aids)
-                p.hincrby(self._k("nr"), json.dumps(rollout.status.value), -1)
-                for a in attempts:
-                    p.hincrby(self._k("na"), json.dumps(a.status.value), -1)
-
-            return 1, write
+                akeys, skeys = [self._ak(a) for a in aids], [self._sk(a) for a in aids]
+                replies = await link.watch(
+                    [*akeys, *skeys], *(("HGETALL", k) for k in akeys), *(("LRANGE", k, 0, -1) for k in skeys)
+                )
+                attempts = [a for a in map(_attempt_from, replies[: len(aids)]) if a is not None]
+                texts = [text for chunk in replies[len(aids) :] for text in chunk]
+            span_keys = [_span_key(Span.model_validate_json(text)) for text in texts]
+            doomed = [rkey, rakey, *(self._ak(a) for a in aids), *(self._sk(a) for a in aids)]
+            writes: list[Command] = [("DEL", *doomed)]
+            if span_keys:
+                writes.append(("HDEL", self._k("sk"), *span_keys))
+            writes += [(cmd, self._k(name), rid) for cmd, name in (("ZREM", "rollouts"), ("ZREM", "ended"))]
+            writes.append(("ZREM", self._k("waiting"), rid))
+            if aids:
+                writes += [("ZREM", self._k("attempts"), *aids), ("ZREM", self._k("running"), *aids)]
+            writes.append(("HINCRBY", self._k("nr"), json.dumps(rollout.status.value), -1))
+            writes += [("HINCRBY", self._k("na"), json.dumps(a.status.value), -1) for a in attempts]
+            return 1, writes, False
 
         return await self._transact(txn)
 
     async def stats(self) -> StoreStats:
-        async with self._guard():
-            await self._expire(now())
-            pipe = self._r.pipeline(transaction=True)  # one consistent snapshot of the counters
-            pipe.hgetall(self._k("nr"))
-            pipe.hgetall(self._k("na"))
-            pipe.hlen(self._k("sk"))
-            pipe.hlen(self._k("res"))
-            nr, na, spans, resources = await pipe.execute()
+        await self._expire_due()
+        async with self._link() as link:  # MULTI/EXEC: one consistent snapshot of the counters
+            replies = await link.run(
+                ("MULTI",),
+                ("HGETALL", self._k("nr")),
+                ("HGETALL", self._k("na")),
+                ("HLEN", self._k("sk")),
+                ("HLEN", self._k("res")),
+                ("EXEC",),
+            )
+        nr, na, spans, resources = replies[-1]
         return StoreStats(
             rollouts_by_status=_counts(nr),
             attempts_by_status=_counts(na),
@@ -697,162 +782,139 @@ class RedisStore:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._r.aclose()
+            await self._pool.disconnect()
 
     # --- plumbing ---------------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def _guard(self) -> AsyncGenerator[None]:
-        """Turn the driver's errors into ``StoreUnavailableError`` (the store's own errors pass)."""
+    async def _link(self) -> AsyncGenerator[_Link]:
+        """A connection from the pool; the driver's errors become ``StoreUnavailableError``."""
         if self._closed:
             raise StoreUnavailableError(f"{self!r} is closed; open a new RedisStore.")
         try:
-            yield
+            conn = await self._pool.get_connection()
         except RedisError as exc:
-            raise StoreUnavailableError(
-                f"Redis store failed: {exc}; the operation was not applied (or, for a lost connection, may have "
-                "been), retry it later: every write is idempotent or checked."
-            ) from exc
+            raise _unavailable(exc) from exc
+        link = _Link(conn)
+        try:
+            yield link
+        except LightningError:  # the store's own error (not found, illegal transition): the connection is fine
+            if link.watching:
+                try:
+                    await link.run(("UNWATCH",))
+                except RedisError:
+                    await conn.disconnect()
+            raise
+        except RedisError as exc:
+            await conn.disconnect()  # the connection's state is unknown: never reuse it
+            raise _unavailable(exc) from exc
+        except BaseException:
+            await conn.disconnect()  # cancelled mid-exchange: replies may still be on their way
+            raise
+        finally:
+            await self._pool.release(conn)
 
-    async def _transact(self, body: Callable[[Any], Awaitable[tuple[T, Writes]]]) -> T:
-        """Run ``body`` (which WATCHes, reads and returns a result plus the writes to queue) and commit
-        the writes with MULTI/EXEC; start over when a watched key changed meanwhile."""
-        async with self._guard(), self._txn_slots:
-            for attempt in range(_RETRIES):
-                async with self._r.pipeline(transaction=True) as pipe:
-                    result, write = await body(pipe)
-                    pipe.multi()
-                    ends = write(pipe)
-                    try:
-                        await pipe.execute()
-                    except WatchError:
-                        await asyncio.sleep(min(0.0005 * (attempt + 1), 0.02))
-                        continue
-                    if ends:
-                        self._wake_waiters()
+    async def _read(self, *commands: Command) -> list[Any]:
+        async with self._link() as link:
+            return await link.run(*commands)
+
+    async def _transact(self, body: Body[T]) -> T:
+        """Run ``body`` (WATCH and reads on one connection, then the decision) and commit its writes
+        with MULTI/EXEC; start over when a watched key changed meanwhile."""
+        for attempt in range(_RETRIES):
+            async with self._link() as link:
+                result, writes, ends = await body(link)
+                if not writes:
+                    if link.watching:
+                        await link.run(("UNWATCH",))
                     return result
+                replies = await link.run(("MULTI",), *writes, ("EXEC",))
+            committed = replies[-1]
+            if committed is not None:
+                failed = [r for r in committed if isinstance(r, RedisError)]
+                if failed:
+                    raise _unavailable(failed[0])
+                if ends:
+                    for event in self._waiters:
+                        event.set()
+                return result
+            await asyncio.sleep(min(0.0005 * (attempt + 1), 0.02))  # a watched key changed: start over
         raise StoreUnavailableError(
             f"{self!r}: the same rollouts changed under {_RETRIES} tries in a row; retry the operation."
         )
 
-    def _wake_waiters(self) -> None:
-        for event in self._waiters:
-            event.set()
-
-    def _write_changes(self, p: Any, changes: Sequence[tuple[RolloutStatus, Rollout, Attempt | None]]) -> bool:
-        """Queue the writes of rollouts (and their attempts) moved on by ``end_attempt``/``cancel_rollout``,
-        with the queue, running set, ended set and counters kept in step; return whether a rollout ended."""
+    def _changes(self, changes: Sequence[tuple[RolloutStatus, Rollout, Attempt | None]]) -> tuple[list[Command], bool]:
+        """The writes of rollouts (and their attempts) moved on by ``end_attempt``/``cancel_rollout``,
+        with the queue, running set, ended set and counters kept in step; and whether a rollout ended."""
+        writes: list[Command] = []
         ended = False
         for before, rollout, attempt in changes:
-            p.hset(self._rk(rollout.id), mapping=_rollout_fields(rollout, _ROLLOUT_MUTABLE))
+            mutable = rollout.model_dump(mode="json", include=set(_ROLLOUT_MUTABLE))
+            writes.append(("HSET", self._rk(rollout.id), *_fields(mutable)))
             if before is not rollout.status:
-                p.hincrby(self._k("nr"), json.dumps(before.value), -1)
-                p.hincrby(self._k("nr"), json.dumps(rollout.status.value), 1)
+                writes.append(("HINCRBY", self._k("nr"), json.dumps(before.value), -1))
+                writes.append(("HINCRBY", self._k("nr"), json.dumps(rollout.status.value), 1))
             if rollout.status is RolloutStatus.REQUEUED:
-                p.zadd(self._k("waiting"), {rollout.id: rollout.seq})
-            elif before.value in ("queued", "requeued"):
-                p.zrem(self._k("waiting"), rollout.id)
+                writes.append(("ZADD", self._k("waiting"), rollout.seq, rollout.id))
+            elif before in (RolloutStatus.QUEUED, RolloutStatus.REQUEUED):
+                writes.append(("ZREM", self._k("waiting"), rollout.id))
             if rollout.status in TERMINAL_ROLLOUT and rollout.ended_at is not None:
-                p.zadd(self._k("ended"), {rollout.id: rollout.ended_at})
+                writes.append(("ZADD", self._k("ended"), rollout.ended_at, rollout.id))
                 ended = True
             if attempt is not None:
-                p.hset(self._ak(attempt.id), mapping=_attempt_fields(attempt))
-                p.zrem(self._k("running"), attempt.id)
-                p.hincrby(self._k("na"), _RUNNING, -1)
-                p.hincrby(self._k("na"), json.dumps(attempt.status.value), 1)
-        return ended
+                writes.append(("HSET", self._ak(attempt.id), *_fields(attempt.model_dump(mode="json"))))
+                writes.append(("ZREM", self._k("running"), attempt.id))
+                writes.append(("HINCRBY", self._k("na"), _RUNNING, -1))
+                writes.append(("HINCRBY", self._k("na"), json.dumps(attempt.status.value), 1))
+        return writes, ended
 
-    async def _rollout_of(self, attempt_id: str) -> str:
-        owner = await self._r.hget(self._ak(attempt_id), "rollout_id")
-        if owner is None:
-            raise q.attempt_not_found(attempt_id)
-        return cast(str, json.loads(owner))
-
-    async def _load_rollouts(self, ids: Sequence[str]) -> list[Rollout | None]:
+    async def _rollouts(self, ids: Sequence[str]) -> list[Rollout | None]:
         if not ids:
             return []
-        pipe = self._r.pipeline(transaction=False)
-        for rid in ids:
-            pipe.hgetall(self._rk(rid))
-        rows: list[dict[str, str]] = await pipe.execute()
-        return [Rollout.model_validate(_decode(row)) if row else None for row in rows]
-
-    async def _load_attempts(self, ids: Sequence[str]) -> list[Attempt | None]:
-        if not ids:
-            return []
-        pipe = self._r.pipeline(transaction=False)
-        for aid in ids:
-            pipe.hgetall(self._ak(aid))
-        rows: list[dict[str, str]] = await pipe.execute()
-        return [Attempt.model_validate(_decode(row)) if row else None for row in rows]
-
-    async def _rollout(self, rollout_id: str) -> Rollout:
-        (rollout,) = await self._load_rollouts([rollout_id])
-        if rollout is None:
-            raise q.rollout_not_found(rollout_id)
-        return rollout
-
-    async def _attempt(self, attempt_id: str) -> Attempt:
-        (attempt,) = await self._load_attempts([attempt_id])
-        if attempt is None:
-            raise q.attempt_not_found(attempt_id)
-        return attempt
-
-    async def _running_attempts(self, pipe: Any, rollout_ids: Sequence[str]) -> dict[str, Attempt]:
-        """The running attempt of each rollout that has one (its last attempt), watched by ``pipe``."""
-        if not rollout_ids:
-            return {}
-        reader = self._r.pipeline(transaction=False)
-        for rid in rollout_ids:
-            reader.lindex(self._rak(rid), -1)
-        last: list[str | None] = await reader.execute()
-        aids = [aid for aid in last if aid is not None]
-        if not aids:
-            return {}
-        await pipe.watch(*(self._ak(a) for a in aids))
-        attempts = await self._load_attempts(aids)
-        return {a.rollout_id: a for a in attempts if a is not None and a.status is AttemptStatus.RUNNING}
+        return [_rollout_from(row) for row in await self._read(*(("HGETALL", self._rk(r)) for r in ids))]
 
     async def _ended(self, ids: list[str]) -> list[Rollout]:
         unique = list(dict.fromkeys(ids))
-        pipe = self._r.pipeline(transaction=False)
-        for rid in unique:
-            pipe.hget(self._rk(rid), "status")
-        statuses: list[str | None] = await pipe.execute()
-        terminal = {json.dumps(s.value) for s in TERMINAL_ROLLOUT}
-        done = [rid for rid, s in zip(unique, statuses, strict=True) if s in terminal]
-        by_id = {r.id: r for r in await self._load_rollouts(done) if r is not None}
+        if not unique:
+            return []
+        statuses = await self._read(*(("HGET", self._rk(r), "status") for r in unique))
+        done = [rid for rid, s in zip(unique, statuses, strict=True) if s in _TERMINAL]
+        by_id = {r.id: r for r in await self._rollouts(done) if r is not None}
         return q.unshared([by_id[i] for i in ids if i in by_id])
 
-    async def _expire(self, t: float) -> int:
-        """Time out running attempts past their deadline; one range query when there are none.
+    async def _expire_due(self) -> None:
+        """Expire before a read, as every backend does; one range query when nothing is due."""
+        t = now()
+        (due,) = await self._read(self._due(t))
+        if due:
+            await self._expire(t)
 
-        Callers in this process expire one at a time (the others wait, then find nothing due), and
-        each round ends up to ``_EXPIRE_BATCH`` attempts in one transaction."""
-        running = self._k("running")
-        if not await self._r.zrangebyscore(running, "-inf", repr(t), start=0, num=1):
-            return 0
+    async def _expire(self, t: float) -> int:
+        """Time out running attempts past their deadline. Callers in this process expire one at a
+        time (the others wait, then find nothing due); each round ends up to ``_EXPIRE_BATCH``."""
         expired = 0
         async with self._expire_lock:
             for _ in range(1000):  # bounded: every round ends or drops what it found
-                due: list[str] = await self._r.zrangebyscore(running, "-inf", repr(t), start=0, num=_EXPIRE_BATCH)
+                (due,) = await self._read(
+                    ("ZRANGEBYSCORE", self._k("running"), "-inf", repr(t), "LIMIT", 0, _EXPIRE_BATCH)
+                )
                 if not due:
                     break
                 expired += await self._expire_batch(due, t)
         return expired
 
     async def _expire_batch(self, attempt_ids: list[str], t: float) -> int:
-        reader = self._r.pipeline(transaction=False)
-        for aid in attempt_ids:
-            reader.hget(self._ak(aid), "rollout_id")
-        owners: list[str | None] = await reader.execute()
-        rollout_ids = list(dict.fromkeys(cast(str, json.loads(o)) for o in owners if o is not None))
+        akeys = [self._ak(a) for a in attempt_ids]
 
-        async def txn(pipe: Any) -> tuple[int, Writes]:
-            await pipe.watch(*(self._rk(r) for r in rollout_ids), *(self._ak(a) for a in attempt_ids))
-            rollouts = {r.id: r for r in await self._load_rollouts(rollout_ids) if r is not None}
-            attempts = dict(zip(attempt_ids, await self._load_attempts(attempt_ids), strict=True))
+        async def txn(link: _Link) -> tuple[int, list[Command], bool]:
+            rows = await link.watch(akeys, *(("HGETALL", k) for k in akeys))
+            attempts = dict(zip(attempt_ids, map(_attempt_from, rows), strict=True))
+            rids = list(dict.fromkeys(a.rollout_id for a in attempts.values() if a is not None))
+            rkeys = [self._rk(r) for r in rids]
+            rollouts = {
+                r.id: r for r in map(_rollout_from, await link.watch(rkeys, *(("HGETALL", k) for k in rkeys))) if r
+            }
             changes: list[tuple[RolloutStatus, Rollout, Attempt | None]] = []
-            drop: list[str] = []  # in the running set but not running (pruned): never expire them again
+            drop: list[str] = []  # in the running set but not running (pruned): never look at them again
             for aid, attempt in attempts.items():
                 rollout = rollouts.get(attempt.rollout_id) if attempt is not None else None
                 if attempt is None or rollout is None or attempt.status is not AttemptStatus.RUNNING:
@@ -864,18 +926,16 @@ class RedisStore:
                 reason, message = expiry_reason(rollout.config, attempt, t)
                 q.end_attempt(rollout, attempt, AttemptStatus.TIMED_OUT, reason, message, None, now())
                 changes.append((before, rollout, attempt))
-
-            def write(p: Any) -> bool:
-                if drop:
-                    p.zrem(self._k("running"), *drop)
-                return self._write_changes(p, changes)
-
-            return len(changes), write
+            writes, ends = self._changes(changes)
+            if drop:
+                writes.append(("ZREM", self._k("running"), *drop))
+            return len(changes), writes, ends
 
         return await self._transact(txn)
 
 
-def _counts(raw: dict[str, str]) -> dict[str, int]:
-    """Counter hash (JSON status -> count) as the ``StoreStats`` dict, without zero entries."""
-    out = {cast(str, json.loads(k)): int(v) for k, v in raw.items()}
-    return {k: v for k, v in out.items() if v}
+def _unavailable(exc: RedisError) -> StoreUnavailableError:
+    return StoreUnavailableError(
+        f"Redis store failed: {exc}; the operation was not applied (or, for a lost connection, may have been), "
+        "retry it later: every write is idempotent or checked."
+    )
