@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lightning_rl import semconv
 from lightning_rl.algorithms.apo_optimizer import critique_messages, edit_messages, extract_prompt, template_fields
 from lightning_rl.algorithms.apo_render import render_rollout
@@ -87,3 +89,44 @@ def test_the_new_prompt_is_read_from_the_reply() -> None:
     assert extract_prompt("<prompt>draft</prompt> better: <PROMPT>final</PROMPT>") == "final"
     assert extract_prompt("<prompt>unclosed until the end") == "unclosed until the end"
     assert extract_prompt("  no tags at all  ") == "no tags at all"
+
+
+async def test_the_optimiser_client_retries_a_busy_endpoint_and_reports_a_refusal() -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from lightning_rl.algorithms.apo_optimizer import OptimizerClient, OptimizerError
+    from lightning_rl.gateway import running_gateway
+
+    calls: list[str] = []
+
+    async def chat(request: Request) -> JSONResponse:
+        """A test double of a chat endpoint: busy (503) on the first call, then answers; 401 for a bad key."""
+        calls.append(request.headers.get("authorization", ""))
+        if request.headers.get("authorization") != "Bearer right":
+            return JSONResponse({"error": {"message": "invalid api key"}}, status_code=401)
+        if len(calls) == 1:
+            return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+        body = await request.json()
+        return JSONResponse(
+            {"choices": [{"message": {"role": "assistant", "content": f"<prompt>{body['model']}</prompt>"}}]}
+        )
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    async with running_gateway(app) as url:
+        client = OptimizerClient(f"{url}/v1", "m1", api_key="right", retries=2)
+        try:
+            edit = await client.edit("old", ["failure"])
+        finally:
+            await client.aclose()
+        assert edit == type(edit)(template="m1", critique="<prompt>m1</prompt>")
+        assert len(calls) == 3 and client.calls == 2  # one 503 retried, then critique and edit
+        bad = OptimizerClient(f"{url}/v1", "m1", api_key="wrong")
+        try:
+            with pytest.raises(OptimizerError, match=r"401.*invalid api key.*API key"):
+                await bad.chat([{"role": "user", "content": "hi"}])
+        finally:
+            await bad.aclose()
+        assert len(calls) == 4  # a refusal is not retried
