@@ -103,8 +103,12 @@ def test_the_cli_reports_config_errors_in_one_line(tmp_path: Path, capsys: pytes
     assert "lightning-rl: error: algorithm.stepz: unknown key; did you mean 'steps'?" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["calculator/grpo.toml", "calculator/sft.toml", "apo/config.toml"])
+@pytest.mark.parametrize(
+    "name", ["calculator/grpo.toml", "calculator/sft.toml", "apo/config.toml", "calc_agent/config.toml"]
+)
 def test_the_example_run_files_check(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if name.startswith("calc_agent"):
+        pytest.importorskip("autogen_agentchat")
     assert main(["train", str(EXAMPLES / name), "--check"]) == 0
     out = capsys.readouterr().out
     resolved = json.loads(out[out.index("{") :])

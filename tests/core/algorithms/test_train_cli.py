@@ -50,6 +50,9 @@ def test_train_runs_the_calculator_run_files(
     overrides = [*SHORT, f"run_dir={run_dir}", f"val_tasks={_val_file(tmp_path)}"]
     if algorithm == "sft":  # the untrained tiny model never answers right: imitate each task's best attempt
         overrides += ["algorithm.min_reward=null", "algorithm.top_k=1"]
+    store = tmp_path / "elsewhere.sqlite" if algorithm == "grpo" else run_dir / "store.sqlite"
+    if algorithm == "grpo":  # a store named by the file instead of the run folder's
+        overrides.append(f"store={store}")
     argv = ["train", str(EXAMPLES / "calculator" / f"{algorithm}.toml"), "--quiet"]
     assert main([*argv, *[a for o in overrides for a in ("--set", o)]]) == 0
     assert "held-out reward" in capsys.readouterr().out
@@ -62,8 +65,9 @@ def test_train_runs_the_calculator_run_files(
         assert all("train/loss" in r for r in train if r["train/n_updated_transitions"] > 0)
         assert any(r["train/n_updated_transitions"] > 0 for r in train)
     # the run folder of the demo: config, metrics, curve, store, checkpoint, and the file as run
-    for name in ("config.json", "metrics.jsonl", "reward_curve.png", "store.sqlite", "train_config.json"):
+    for name in ("config.json", "metrics.jsonl", "reward_curve.png", "train_config.json"):
         assert (run_dir / name).exists(), name
+    assert store.stat().st_size > 0 and (run_dir / "store.sqlite").exists() == (algorithm == "sft")
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_00002"
     assert json.loads((run_dir / "config.json").read_text())["update_rule"] == (
         "sft" if algorithm == "sft" else "policy_gradient"
@@ -85,3 +89,13 @@ def test_train_runs_the_apo_run_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main([*argv, *[a for o in overrides for a in ("--set", o)]]) == 0
     assert "held-out reward" in capsys.readouterr().out
     assert (run_dir / "metrics.jsonl").exists() and (run_dir / "train_config.json").exists()
+
+
+def test_train_runs_the_autogen_calc_agent_run_file(tmp_path: Path) -> None:
+    pytest.importorskip("autogen_agentchat")
+    run_dir = tmp_path / "calc"
+    overrides = [*SHORT, f"run_dir={run_dir}", "val_tasks=null"]
+    argv = ["train", str(EXAMPLES / "calc_agent" / "config.toml"), "--quiet"]
+    assert main([*argv, *[a for o in overrides for a in ("--set", o)]]) == 0
+    train = [r for r in _rows(run_dir) if "train/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2] and all(r["train/n_rollouts"] == 6 for r in train)

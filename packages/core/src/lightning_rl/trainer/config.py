@@ -21,6 +21,9 @@ class TrainerConfig:
     """An HF model folder or hub name, or ``tiny`` for the locally built tiny model."""
     run_dir: str = "runs/latest"
     """Where the store, metrics, reward curve and checkpoints go."""
+    store: str | None = None
+    """The store's URL or path (``postgresql://...``, ``sqlite:///path``, a SQLite file; see
+    ``lightning_rl.store.open_store``). None: ``<run_dir>/store.sqlite``. Embedded services only."""
     steps: int = 20
     """Policy updates to run."""
     batch_size: int = 16

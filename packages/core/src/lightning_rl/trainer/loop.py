@@ -180,7 +180,7 @@ class Trainer:
             if cfg.concurrency == 0:
                 bar.note(
                     "waiting for external runners: lightning-rl runner "
-                    f"--store {self.run_dir / 'store.sqlite'} --agent <module:function>"
+                    f"--store {cfg.store or self.run_dir / 'store.sqlite'} --agent <module:function>"
                 )
             first_step = self._maybe_resume(svc)
             if first_step > 0:

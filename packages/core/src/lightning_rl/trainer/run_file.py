@@ -5,6 +5,7 @@ The file names the agent, the tasks, the model and the algorithm with its option
     agent = "my_agent:run"                 # module:function; the file's folder is importable
     model = "tiny"                         # optional: into the algorithm's ``model``
     run_dir = "runs/my_run"                # optional: into the algorithm's ``run_dir``
+    store = "postgresql://host/db"         # optional: the algorithm's store (default: the run folder's SQLite)
     seed = 0                               # optional: into the algorithm's ``seed`` and the task functions
     warm_start = "my_agent:warm_start"     # optional: fn(model, out_dir, tasks, seed) -> trained model folder
     trainable = ["solver"]                 # optional: the roles that train (RL, SFT, DPO)
@@ -49,8 +50,19 @@ from lightning_rl.types import Task
 
 __all__ = ["ConfigError", "RunPlan", "load_run_file", "parse_overrides", "build_config", "run_plan"]
 
-_TOP_KEYS = ("agent", "train_tasks", "val_tasks", "model", "run_dir", "seed", "warm_start", "trainable", "algorithm")
-_COMMON = ("model", "run_dir", "seed")
+_TOP_KEYS = (
+    "agent",
+    "train_tasks",
+    "val_tasks",
+    "model",
+    "run_dir",
+    "store",
+    "seed",
+    "warm_start",
+    "trainable",
+    "algorithm",
+)
+_COMMON = ("model", "run_dir", "store", "seed")
 """Top-level keys copied into the algorithm's config (when it has such a field)."""
 
 

@@ -108,12 +108,13 @@ async def start_services(config: TrainerConfig, agent: AgentFn | None) -> AsyncG
     from lightning_rl.engine.hf import TransformersEngine
     from lightning_rl.engine.models import served_model_name
     from lightning_rl.gateway import create_gateway_app
+    from lightning_rl.store import open_store
     from lightning_rl.store.sqlite import SQLiteStore
 
     run_dir = Path(config.run_dir)
     model_path = resolve_model(config.model)
     torch.manual_seed(config.seed)
-    store = SQLiteStore(run_dir / "store.sqlite")
+    store = await open_store(config.store) if config.store else SQLiteStore(run_dir / "store.sqlite")
     engine = TransformersEngine.from_pretrained(
         model_path,
         device=config.device,
