@@ -116,7 +116,10 @@ async def _run(
         from lightning_rl.store.redis import DEFAULT_URL, RedisStore
 
         redis = await RedisStore.open(dsn or DEFAULT_URL, prefix=schema)
-        store, where = redis, f"redis (prefix {redis.prefix!r}, appendonly {redis.persistence.get('appendonly', '?')})"
+        store, where = (
+            redis,
+            f"redis (prefix {redis.prefix!r}, appendonly {redis.server_settings.get('appendonly', '?')})",
+        )
     elif backend == "memory":
         store, where = await open_store("memory://"), "memory (not durable)"
     else:

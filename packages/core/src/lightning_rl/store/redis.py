@@ -306,9 +306,9 @@ class RedisStore:
         self._closed = False
         self._waiters: set[asyncio.Event] = set()
         self._expire_lock = asyncio.Lock()
-        self.persistence: dict[str, str] = {}
-        """The server's ``appendonly`` / ``appendfsync`` / ``save`` settings as read at open (empty if
-        the server does not allow ``CONFIG GET``)."""
+        self.server_settings: dict[str, str] = {}
+        """The server's ``appendonly``, ``appendfsync``, ``save`` and ``maxmemory-policy`` as read at
+        open (empty if the server does not allow ``CONFIG GET``)."""
 
     @classmethod
     async def open(
@@ -341,7 +341,7 @@ class RedisStore:
                     f"Redis store under prefix {chosen!r} has layout version {version}, this Lightning expects "
                     f"{SCHEMA_VERSION}; use another prefix or the matching Lightning version."
                 )
-            await store._read_persistence()
+            await store._read_settings()
         except BaseException:
             await store.close()
             raise
@@ -355,19 +355,29 @@ class RedisStore:
         """The prefix of every key this store writes."""
         return self._p
 
-    async def _read_persistence(self) -> None:
+    async def _read_settings(self) -> None:
+        """Read the server settings that decide whether acknowledged writes can be lost, and warn."""
+        names = ("appendonly", "appendfsync", "save", "maxmemory-policy")
         try:
-            replies = await self._read(*(("CONFIG", "GET", name) for name in ("appendonly", "appendfsync", "save")))
+            replies = await self._read(*(("CONFIG", "GET", name) for name in names))
         except StoreUnavailableError:  # CONFIG is often disabled on managed servers: nothing to check then
             return
         for flat in replies:
-            self.persistence.update(_pairs(flat))
-        if self.persistence.get("appendonly") != "yes":
+            self.server_settings.update(_pairs(flat))
+        settings = self.server_settings
+        if settings.get("appendonly") != "yes":
             _log.warning(
                 "the Redis server keeps no append-only file (appendonly %s, save %r): acknowledged writes are lost "
                 "if it crashes. Set appendonly yes and appendfsync always (or everysec) for a durable store.",
-                self.persistence.get("appendonly"),
-                self.persistence.get("save"),
+                settings.get("appendonly"),
+                settings.get("save"),
+            )
+        policy = settings.get("maxmemory-policy", "noeviction")
+        if policy != "noeviction":
+            _log.warning(
+                "the Redis server's maxmemory-policy is %s: when it runs out of memory it deletes keys, including "
+                "the store's rollouts and spans. Set maxmemory-policy noeviction (writes then fail instead).",
+                policy,
             )
 
     # --- keys -------------------------------------------------------------------------------
