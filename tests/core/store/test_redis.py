@@ -375,3 +375,15 @@ async def test_store_serve_backend_redis(redis_url: str, redis_prefix: str) -> N
         assert [s.name for s in await direct.query_spans(rollout_id="via-http")] == ["s"]
     finally:
         await direct.close()
+
+
+def test_docs_example_runs(redis_url: str, redis_prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Python block of docs/stores.md, run against the test server under this test's prefix."""
+    import re
+
+    doc = (Path(__file__).parents[3] / "docs" / "stores.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    documented = "redis://127.0.0.1:6379/0?prefix=myproject:"
+    assert documented in code
+    exec(compile(code.replace(documented, f"{redis_url}?prefix={redis_prefix}"), "docs/stores.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "succeeded 1.0"
