@@ -7,6 +7,7 @@ the run folder, the runner and the unchanged agents. The calculator files skip t
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -17,6 +18,8 @@ pytest.importorskip("transformers")
 
 from lightning_rl.cli import main  # noqa: E402
 from lightning_rl.demo.calculator import make_tasks  # noqa: E402
+from lightning_rl.store.sqlite import SQLiteStore  # noqa: E402
+from lightning_rl.types import Resources  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -36,6 +39,14 @@ def _val_file(tmp_path: Path) -> Path:
     path = tmp_path / "val.jsonl"
     path.write_text("".join(t.model_dump_json() + "\n" for t in make_tasks(3, seed=99)))
     return path
+
+
+async def _latest_resources(path: Path) -> Resources:
+    store = SQLiteStore(path)
+    try:
+        return await store.get_resources()
+    finally:
+        await store.close()
 
 
 def _rows(run_dir: Path) -> list[dict[str, float]]:
@@ -68,6 +79,12 @@ def test_train_runs_the_calculator_run_files(
     for name in ("config.json", "metrics.jsonl", "reward_curve.png", "train_config.json"):
         assert (run_dir / name).exists(), name
     assert store.stat().st_size > 0 and (run_dir / "store.sqlite").exists() == (algorithm == "sft")
+    # every resources version records the weights it served: the last (final validation) the final weights
+    latest = asyncio.run(_latest_resources(store))
+    assert latest.extra == {
+        "model_version": train[-1]["model_version"],
+        "update_rule": "sft" if algorithm == "sft" else "policy_gradient",
+    }
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_00002"
     assert json.loads((run_dir / "config.json").read_text())["update_rule"] == (
         "sft" if algorithm == "sft" else "policy_gradient"

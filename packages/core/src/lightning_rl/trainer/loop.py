@@ -209,8 +209,8 @@ class Trainer:
     async def _train_step(self, svc: Services, step: int, tasks: Sequence[Task]) -> dict[str, float]:
         cfg = self.config
         t0 = time.perf_counter()
-        # 1. publish resources: the endpoint and sampling the rollouts of this step run with
-        resources = await svc.store.add_resources(llm=self._llm(svc, cfg.temperature))
+        # 1. publish resources: the endpoint, sampling and weights version the rollouts of this step run with
+        resources = await svc.store.add_resources(llm=self._llm(svc, cfg.temperature), extra=self._weights(svc))
         # 2. enqueue each task group_size times; one group id per task so GRPO compares like with like
         requests = [
             RolloutRequest(
@@ -265,7 +265,7 @@ class Trainer:
         """Mean reward on held-out tasks (one rollout each) with the current weights."""
         cfg = self.config
         temperature = cfg.val_temperature if cfg.val_temperature is not None else cfg.temperature
-        resources = await svc.store.add_resources(llm=self._llm(svc, temperature))
+        resources = await svc.store.add_resources(llm=self._llm(svc, temperature), extra=self._weights(svc))
         requests = [
             RolloutRequest(
                 id=f"{svc.run_id}-v{resources.version}-t{i}",
@@ -300,6 +300,11 @@ class Trainer:
         cfg = self.config
         sampling: dict[str, Any] = {"temperature": temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens}
         return LLMResource(base_url=svc.gateway_url, model=svc.model_name, sampling=sampling)
+
+    def _weights(self, svc: Services) -> dict[str, object]:
+        """What a resources version records about the weights: the version the engine serves and
+        the update rule that produced it (the store's resources history is the run's model history)."""
+        return {"model_version": svc.backend.version, "update_rule": self.config.update_rule}
 
     def _rollout_config(self) -> RolloutConfig:
         cfg = self.config
