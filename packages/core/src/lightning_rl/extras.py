@@ -29,6 +29,7 @@ CORE_EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("torch", "transformers", "tokenizers", "numpy", "rich", "matplotlib", "openai"),
     "postgres": ("psycopg",),
     "otel": ("opentelemetry.sdk",),
+    "capture": ("opentelemetry.sdk", "opentelemetry.instrumentation.openai", "openinference.instrumentation.openai"),
     "lora": ("peft",),
     "wandb": ("wandb",),
     "mlflow": ("mlflow", "sqlalchemy", "alembic"),

@@ -38,6 +38,7 @@ __all__ = [
     "CapturedTool",
     "captured_calls",
     "captured_tools",
+    "call_spans",
     "capture_source",
     "normalize_messages",
     "normalize_tool_calls",
@@ -501,6 +502,40 @@ def captured_calls(spans: Iterable[Span]) -> list[CapturedCall]:
     return sorted(merged, key=lambda c: (c.start_ns, c.span.seq))
 
 
+def _as_call_span(call: CapturedCall) -> Span:
+    """A captured call shaped like the gateway's ``llm.call`` span, for views (no token ids)."""
+    attrs: dict[str, Any] = {
+        semconv.GEN_AI_INPUT_MESSAGES: json.dumps(call.messages),
+        semconv.RESPONSE_TEXT: call.response,
+        semconv.RESPONSE_CONTENT: call.response,
+        semconv.TOOL_CALLS: json.dumps(call.tool_calls),
+        semconv.TOKENS_EXACT: False,
+        semconv.API: "chat.completions",
+        semconv.GEN_AI_RESPONSE_ID: call.response_id,
+        semconv.GEN_AI_RESPONSE_MODEL: call.model,
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: call.input_tokens,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: call.output_tokens,
+        semconv.GEN_AI_RESPONSE_FINISH_REASONS: call.finish_reasons,
+        "lightning.capture.source": call.source,
+    }
+    if call.role is not None:
+        attrs[semconv.ROLE] = call.role
+    return call.span.model_copy(update={"name": semconv.SPAN_LLM_CALL, "attributes": attrs})
+
+
+def call_spans(spans: Iterable[Span]) -> list[Span]:
+    """Every model call of an attempt as an ``llm.call`` span, by start time: the gateway's own, plus
+    each captured call the gateway did not serve (``lightning.tokens_exact`` False, no token ids).
+
+    For views (the dashboard's calls); the adapter reads captured calls with ``captured_calls``.
+    """
+    every = list(spans)
+    gateway = [s for s in every if s.name == semconv.SPAN_LLM_CALL]
+    served = {s.attributes.get(semconv.GEN_AI_RESPONSE_ID) for s in gateway}
+    extra = [_as_call_span(c) for c in captured_calls(every) if c.response_id is None or c.response_id not in served]
+    return sorted(gateway + extra, key=lambda s: (s.start_ns, s.seq))
+
+
 # --------------------------------------------------------------------------------------------
 # Tool executions (AIR)
 # --------------------------------------------------------------------------------------------
@@ -527,6 +562,8 @@ def captured_tools(spans: Iterable[Span]) -> list[CapturedTool]:
             continue  # a Lightning plugin's tool span: the adapter reads it directly
         if attrs.get(semconv.OI_SPAN_KIND) == "TOOL":
             name = attrs.get(semconv.OI_TOOL_NAME)
+            if not name:  # the Agents SDK's handoffs are TOOL spans too, without a tool name: not a tool run
+                continue
             call_id = attrs.get(semconv.OI_TOOL_ID) or attrs.get(semconv.OI_TOOL_CALL_ID)
         elif attrs.get(semconv.GEN_AI_OPERATION_NAME) == semconv.GEN_AI_OPERATION_EXECUTE_TOOL:
             name = attrs.get(semconv.GEN_AI_TOOL_NAME)

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
+from lightning_rl.errors import MissingExtraError
+from lightning_rl.extras import install_command, require_extra
 from lightning_rl.tracing._context import current_rollout
 
 if TYPE_CHECKING:
@@ -224,8 +226,10 @@ def _wanted(family: Family, frameworks: Iterable[str] | None) -> list[str]:
             raise ValueError(f"capture cannot instrument {name!r}; choose from {sorted(FRAMEWORKS)}.")
         module, package = FRAMEWORKS[name][1][family][0], FRAMEWORKS[name][1][family][2]
         if not _installed(module):
-            raise ImportError(
-                f"capture({family!r}, frameworks=[{name!r}]) needs the package {package}: pip install {package}"
+            raise MissingExtraError(
+                f"capture({family!r}, frameworks=[{name!r}]) needs {package} (not installed): "
+                + (install_command(["capture"]) if name == "openai" else f"pip install {package}"),
+                name=module,
             )
     return wanted
 
@@ -261,12 +265,9 @@ def capture(
     """
     if family not in get_args(Family):
         raise ValueError(f"capture family must be one of {get_args(Family)}, not {family!r}.")
-    try:
-        from lightning_rl.tracing.otel import configure_opentelemetry
-    except ImportError as exc:
-        raise ImportError(
-            "lightning_rl.capture needs OpenTelemetry and an instrumentation: pip install 'lightning-rl[capture]'"
-        ) from exc
+    require_extra("otel", feature="lightning_rl.capture")
+    from lightning_rl.tracing.otel import configure_opentelemetry
+
     with _lock:
         wanted = _wanted(family, frameworks)
         done = _active.get(family)

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from lightning_rl import semconv
 from lightning_rl.adapter import adapt_attempt, final_reward
+from lightning_rl.capture import call_spans
 from lightning_rl.credit import RolloutSample, compute_advantages, rollout_advantages
 from lightning_rl.dashboard._settings import CreditSettings
 from lightning_rl.store.base import LightningStore
@@ -152,7 +153,7 @@ def span_tree(spans: Sequence[Span]) -> list[dict[str, Any]]:
 
 def _attempt_view(attempt: Attempt, spans: Sequence[Span]) -> dict[str, Any]:
     t0 = min((s.start_ns for s in spans), default=0)
-    calls = sorted((s for s in spans if s.name == semconv.SPAN_LLM_CALL), key=lambda s: (s.start_ns, s.seq))
+    calls = call_spans(spans)  # the gateway's calls and those captured by OpenTelemetry (docs/capture.md)
     tools = [s for s in spans if s.name == semconv.SPAN_TOOL]
     signals = [s for s in spans if s.name == semconv.SPAN_SIGNAL]
     rewards = [s for s in spans if s.name == semconv.SPAN_REWARD]
