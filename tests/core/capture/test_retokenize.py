@@ -24,12 +24,12 @@ pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from lightning_rl.engine.tiny import build_tiny_model
+    from lightning_rl.engine.tiny import default_tiny_model
 
-    path: Path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
+    path: Path = default_tiny_model()
     return AutoTokenizer.from_pretrained(path)
 
 
@@ -68,9 +68,10 @@ async def test_retokenize_renders_each_call_with_the_policys_chat_template(
     assert [t.response_ids for t in transitions] == before
 
 
-def test_retokenize_needs_a_chat_template(tokenizer: Any) -> None:
+def test_retokenize_needs_a_chat_template(tokenizer: Any, transitions: list[Transition]) -> None:
     class NoTemplate:
         chat_template = None
 
+    assert retokenize([], NoTemplate()) == 0  # nothing to tokenize: no tokenizer needed
     with pytest.raises(ValueError, match="chat template"):
-        retokenize([], NoTemplate())
+        retokenize(transitions, NoTemplate())

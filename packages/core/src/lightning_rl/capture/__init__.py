@@ -26,7 +26,7 @@ from lightning_rl.capture._convert import (
     normalize_tool_calls,
 )
 from lightning_rl.capture._install import FRAMEWORKS, Capture, Family, capture
-from lightning_rl.capture._retokenize import retokenize, template_message
+from lightning_rl.capture._retokenize import retokenize, retokenize_samples, template_message
 
 __all__ = [
     "capture",
@@ -34,6 +34,7 @@ __all__ = [
     "Family",
     "FRAMEWORKS",
     "retokenize",
+    "retokenize_samples",
     "template_message",
     "CapturedCall",
     "CapturedTool",

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from lightning_rl.types import Transition
 
-__all__ = ["retokenize", "template_message"]
+__all__ = ["retokenize", "retokenize_samples", "template_message"]
 
 
 def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,13 +59,13 @@ def retokenize(transitions: Iterable[Transition], tokenizer: Any, *, name: str |
     Raises:
         ValueError: the tokenizer has no chat template, or the template cannot render a conversation.
     """
-    if getattr(tokenizer, "chat_template", None) is None:
+    todo = [t for t in transitions if t.text is not None and not (t.prompt_ids and t.response_ids)]
+    if todo and getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("retokenize needs a tokenizer with a chat template (the policy's tokenizer).")
     label = name or str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
     done = 0
-    for t in transitions:
-        if t.text is None or (t.prompt_ids and t.response_ids):
-            continue
+    for t in todo:
+        assert t.text is not None
         messages = [template_message(m) for m in t.text.messages]
         reply = template_message({"role": "assistant", "content": t.text.response, "tool_calls": t.text.tool_calls})
         tools = t.text.tools or None
@@ -82,3 +82,25 @@ def retokenize(transitions: Iterable[Transition], tokenizer: Any, *, name: str |
         t.text.retokenized_with = label
         done += 1
     return done
+
+
+def retokenize_samples(samples: Iterable[Any], engine: Any) -> int:
+    """``retokenize`` every text-level transition of the trainer's rollout samples with ``engine.tokenizer``.
+
+    The trainer calls this after adapting a step's rollouts, so captured calls train like the
+    gateway's (SFT and RL alike). Nothing to do (no captured call) costs nothing, whatever the engine.
+
+    Raises:
+        ValueError: captured calls are present but ``engine`` has no tokenizer (an engine outside
+            this process, e.g. VeRL's): they cannot be turned into the policy's tokens here.
+    """
+    todo = [t for s in samples for t in s.transitions if t.text is not None and not (t.prompt_ids and t.response_ids)]
+    if not todo:
+        return 0
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(
+            f"{len(todo)} captured (text-only) calls need the policy's tokenizer, and this trainer's engine has none; "
+            "train on them with the torch backend, or call lightning_rl.capture.retokenize with the tokenizer yourself."
+        )
+    return retokenize(todo, tokenizer)

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from lightning_rl.adapter import AIRPolicy, adapt_attempt, final_reward
 from lightning_rl.agent import AgentFn
 from lightning_rl.algorithms.base import TrainResult
+from lightning_rl.capture import retokenize_samples
 from lightning_rl.credit import RolloutSample
 from lightning_rl.roles import RoleSelector, RoleSpec
 from lightning_rl.store.base import LightningStore
@@ -229,6 +230,7 @@ class Trainer:
         t_rollouts = time.perf_counter() - t0
         # 4. adapt spans -> transitions (exact token ids from the gateway), trainable roles only
         collected = await collect_samples(svc.store, finished, trainable=self.trainable, air=cfg.air)
+        retokenize_samples(collected.samples, svc.engine)  # issue 25: captured text-only calls -> policy token ids
         # 5-6. the update rule picks what to train on: for RL, credit assignment and per-rollout
         # group advantages; for SFT, the best attempts; for DPO, preference pairs
         batch = self.update_rule.prepare(collected.samples)
