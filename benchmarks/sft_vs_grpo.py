@@ -12,14 +12,16 @@ same warm start, once per ``--seed``:
   ``--sft-epochs`` passes at ``--sft-lr``.
 
 The seed of a phase seeds its task batches and torch (the sampled tokens differ anyway: rollout
-requests carry no seed). Each ``--phase P --seed N`` process writes ``<out>/<P>-seed<N>/result.json``,
-so phases and seeds can run side by side; ``--report`` gathers every result under ``<out>`` into a
-markdown table (held-out before/after, gain and wall time per phase and seed; mean and min of the
-gains), headed by the date, commit, commands and machine, written to ``<out>/sft_vs_grpo.md``;
-``--readme FILE`` pastes it between ``<!-- sft-vs-grpo:begin -->`` and ``<!-- sft-vs-grpo:end -->``.
+requests carry no seed). Each ``--phase P --seed N`` process writes ``<out>/<P>-seed<N>/result.json``
+(SFT: ``sft-lr<lr>-seed<N>``), so phases, learning rates and seeds can run side by side. ``--report``
+gathers every result under ``<out>`` into a markdown table (held-out before/after, gain and wall time
+per run; mean and min of the gains per variant), headed by the date, commit, commands and machine,
+written to ``<out>/sft_vs_grpo.md``; ``--readme FILE`` pastes it between ``<!-- sft-vs-grpo:begin -->``
+and ``<!-- sft-vs-grpo:end -->``.
 
     uv run python benchmarks/sft_vs_grpo.py --warm-only --threads 1
-    uv run python benchmarks/sft_vs_grpo.py --phase grpo --seed 0 --threads 1   # and sft, seeds 1, 2
+    uv run python benchmarks/sft_vs_grpo.py --phase grpo --seed 0 --threads 1   # seeds 1, 2 likewise
+    uv run python benchmarks/sft_vs_grpo.py --phase sft --seed 0 --sft-lr 3e-4 --threads 1
     uv run python benchmarks/sft_vs_grpo.py --report --readme benchmarks/README.md
 """
 
@@ -95,7 +97,8 @@ def run_phase(args: argparse.Namespace) -> dict[str, Any]:
     demo = DemoConfig.quick(seed=args.warm_seed, progress=False)
     tasks = make_tasks(demo.n_train + demo.n_val + demo.n_probe, seed=demo.seed)
     train, val = tasks[: demo.n_train], tasks[demo.n_train : demo.n_train + demo.n_val]
-    run_dir = Path(args.out) / f"{args.phase}-seed{args.seed}"
+    name = args.phase if args.phase == "grpo" else f"sft-lr{args.sft_lr:g}"
+    run_dir = Path(args.out) / f"{name}-seed{args.seed}"
     # the phase's seed: task batches, torch, the backend; everything else is the demo's
     phase = dataclasses.replace(demo, seed=args.seed)
     grpo_cfg = demo_trainer_config(str(warm), str(run_dir), phase, progress=False, tensorboard=False)
@@ -140,46 +143,44 @@ def run_phase(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(out: Path) -> str:
     records = [json.loads(p.read_text()) for p in sorted(out.glob("*-seed*/result.json"))]
-    by_phase = {name: {r["seed"]: r for r in records if r["phase"] == name} for name in ("grpo", "sft")}
-    seeds = sorted(set(by_phase["grpo"]) & set(by_phase["sft"]))
-    if not seeds:
-        raise SystemExit(f"no seed has both a grpo-seed<N> and an sft-seed<N> result under {out}; run them first")
-    first_grpo, first_sft = by_phase["grpo"][seeds[0]], by_phase["sft"][seeds[0]]
+    if not records:
+        raise SystemExit(f"no <phase>-seed<N>/result.json under {out}; run the phases first (see --help)")
+    first = records[0]
     warm_s = out / "warm_start" / "warm_start_s.txt"
     warm = f", {float(warm_s.read_text()) / 60:.1f} min" if warm_s.exists() else ""
-    commits = sorted({r["commit"] for r in records})
-    commands = sorted({re.sub(r"--seed \d+", "--seed N", r["command"]).strip() for r in records})
+    commits = ", ".join(f"`{c}`" for c in sorted({r["commit"] for r in records}))
+    commands = ", ".join(f"`{c}`" for c in sorted({re.sub(r"--seed \d+", "--seed N", r["command"]) for r in records}))
     dates = ", ".join(sorted({r["date"] for r in records}))
-    sft = first_sft["sft"]
+
+    def variant(r: dict[str, Any]) -> str:
+        if r["phase"] == "grpo":
+            return f"GRPO, lr {r['lr']:g}"
+        sft = r["sft"]
+        return (
+            f"SFT, lr {r['lr']:g}, reward >= {sft['min_reward']:g}, {sft['epochs']:g} epochs, batch {sft['batch_size']}"
+        )
+
     lines = [
-        f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from runs at commit {', '.join(f'`{c}`' for c in commits)} "
-        f"(finished {dates}) by {', '.join(f'`{c}`' for c in commands)}"
-        f" for N in {', '.join(map(str, seeds))}, then `uv run python benchmarks/sft_vs_grpo.py --report` "
-        f"({cpu_name()}, {os.cpu_count()} cores; torch threads: {first_grpo['threads']}). Quick demo "
-        f"configuration; one warm start (seed {first_grpo['warm_seed']}{warm}) shared by every run; GRPO lr "
-        f"{first_grpo['lr']:g} (the demo's); SFT lr {first_sft['lr']:g}, attempts with reward >= "
-        f"{sft['min_reward']}, {sft['epochs']:g} epochs, batch {sft['batch_size']}.",
+        f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from runs at commit {commits} (finished {dates}) by "
+        f"{commands}, then `uv run python benchmarks/sft_vs_grpo.py --report` ({cpu_name()}, {os.cpu_count()} "
+        f"cores; torch threads: {first['threads']}). Quick demo configuration; one warm start (seed "
+        f"{first['warm_seed']}{warm}) shared by every run; GRPO's lr is the demo's.",
         "",
-        "| seed | training rollouts (GRPO / SFT) | held-out before | GRPO after | GRPO gain | GRPO wall s "
-        "| SFT after | SFT gain | SFT wall s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| phase | seed | training rollouts | held-out before | after | gain | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    gains: dict[str, list[float]] = {"grpo": [], "sft": []}
-    walls: dict[str, list[float]] = {"grpo": [], "sft": []}
-    for seed in seeds:
-        g, s = by_phase["grpo"][seed], by_phase["sft"][seed]
-        cells = [str(seed), f"{g['train_rollouts']} / {s['train_rollouts']}", f"{g['before']:.2f}"]
-        for name, phase in (("grpo", g), ("sft", s)):
-            gain = phase["after"] - phase["before"]
-            cells += [f"{phase['after']:.2f}", f"**{gain:+.2f}**", f"{phase['seconds']:.0f}"]
-            gains[name].append(gain)
-            walls[name].append(phase["seconds"])
-        lines.append("| " + " | ".join(cells) + " |")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(records, key=lambda r: (r["phase"] != "grpo", r["lr"], r["seed"])):
+        groups.setdefault(variant(r), []).append(r)
+        gain = r["after"] - r["before"]
+        cells = [variant(r), str(r["seed"]), str(r["train_rollouts"]), f"{r['before']:.2f}", f"{r['after']:.2f}"]
+        lines.append("| " + " | ".join([*cells, f"**{gain:+.2f}**", f"{r['seconds']:.0f}"]) + " |")
     lines.append("")
-    for name, label in (("grpo", "GRPO"), ("sft", "SFT from traces")):
+    for label, runs in groups.items():
+        gains = [r["after"] - r["before"] for r in runs]
         lines.append(
-            f"{label}: gain over {len(gains[name])} seeds mean **{statistics.fmean(gains[name]):+.2f}**, "
-            f"min **{min(gains[name]):+.2f}**; wall time mean {statistics.fmean(walls[name]):.0f} s."
+            f"{label}: gain over {len(runs)} seeds mean **{statistics.fmean(gains):+.2f}**, min "
+            f"**{min(gains):+.2f}**; wall time mean {statistics.fmean(r['seconds'] for r in runs):.0f} s."
         )
     return "\n".join(lines) + "\n"
 
