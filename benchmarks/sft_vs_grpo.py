@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-seed", type=int, default=0, help="demo seed of the shared warm start and the tasks")
     ap.add_argument("--warm-only", action="store_true", help="only make the shared warm start")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
-    ap.add_argument("--sft-lr", type=float, default=1e-3, help="SFT learning rate (the warm start's)")
+    ap.add_argument("--sft-lr", type=float, default=3e-4, help="SFT learning rate (default: GRPO's)")
     ap.add_argument("--min-reward", type=float, default=1.0, help="SFT keeps attempts with at least this reward")
     ap.add_argument("--sft-epochs", type=float, default=2.0)
     ap.add_argument("--sft-batch-size", type=int, default=16)
