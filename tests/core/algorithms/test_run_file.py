@@ -113,3 +113,10 @@ def test_the_example_run_files_check(name: str, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     resolved = json.loads(out[out.index("{") :])
     assert resolved["run_dir"].startswith("runs/")
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "ppo", "sft", "dpo", "apo"])
+def test_every_builtin_algorithm_builds_its_config_from_a_file(tmp_path: Path, name: str) -> None:
+    plan = load_run_file(_write(tmp_path, BASE.replace('"grpo"', f'"{name}"').replace("steps = 2", "")))
+    assert plan.entry.name == name and type(plan.config) is plan.entry.config_class()
+    assert plan.config.model == "tiny"
