@@ -110,8 +110,15 @@ async def test_the_trainer_updates_the_policy_on_captured_calls(
 def test_retokenize_samples_needs_a_tokenizer_only_when_there_is_text_to_tokenize() -> None:
     exact = Transition(prompt_ids=[1], response_ids=[2], rollout_id="r", attempt_id="a")
     text = Transition(
-        prompt_ids=[], response_ids=[], rollout_id="r", attempt_id="a", exact_tokens=False, text=TransitionText()
+        prompt_ids=[],
+        response_ids=[],
+        rollout_id="r",
+        attempt_id="a",
+        exact_tokens=False,
+        text=TransitionText(source="openinference"),
     )
-    assert retokenize_samples([RolloutSample("r", "g", 1.0, [exact])], None) == 0
+    # the gateway's calls keep the engine's ids, even an empty response
+    empty = Transition(prompt_ids=[1], response_ids=[], rollout_id="r", attempt_id="a", text=TransitionText())
+    assert retokenize_samples([RolloutSample("r", "g", 1.0, [exact, empty])], None) == 0
     with pytest.raises(ValueError, match="need the policy's tokenizer"):
         retokenize_samples([RolloutSample("r", "g", 1.0, [exact, text])], None)

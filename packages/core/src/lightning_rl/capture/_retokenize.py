@@ -42,6 +42,11 @@ def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _text_only(t: Transition) -> bool:
+    """A captured call still without token ids (the gateway's calls keep the engine's ids, even none)."""
+    return t.text is not None and t.text.source != "gateway" and not (t.prompt_ids and t.response_ids)
+
+
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, *, generation_prompt: bool) -> str:
     return cast(
         str,
@@ -52,14 +57,14 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, *, gener
 def retokenize(transitions: Iterable[Transition], tokenizer: Any, *, name: str | None = None) -> int:
     """Fill the token ids of text-level transitions (in place) with ``tokenizer``; return how many.
 
-    Transitions that already have token ids (the gateway's) are left alone. ``tokenizer`` is a
+    Transitions that already have token ids, and the gateway's, are left alone. ``tokenizer`` is a
     Hugging Face tokenizer with a chat template (the policy's: ``engine.tokenizer``); ``name``
     is recorded in ``text.retokenized_with`` (default: the tokenizer's ``name_or_path``).
 
     Raises:
         ValueError: the tokenizer has no chat template, or the template cannot render a conversation.
     """
-    todo = [t for t in transitions if t.text is not None and not (t.prompt_ids and t.response_ids)]
+    todo = [t for t in transitions if _text_only(t)]
     if todo and getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("retokenize needs a tokenizer with a chat template (the policy's tokenizer).")
     label = name or str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
@@ -94,7 +99,7 @@ def retokenize_samples(samples: Iterable[Any], engine: Any) -> int:
         ValueError: captured calls are present but ``engine`` has no tokenizer (an engine outside
             this process, e.g. VeRL's): they cannot be turned into the policy's tokens here.
     """
-    todo = [t for s in samples for t in s.transitions if t.text is not None and not (t.prompt_ids and t.response_ids)]
+    todo = [t for s in samples for t in s.transitions if _text_only(t)]
     if not todo:
         return 0
     tokenizer = getattr(engine, "tokenizer", None)

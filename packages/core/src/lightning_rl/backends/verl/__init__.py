@@ -21,7 +21,8 @@ if TYPE_CHECKING:
         VerlWorkers,
     )
     from lightning_rl.backends.verl.batch import BatchConfig, VerlBatch, transitions_to_dataproto
-    from lightning_rl.backends.verl.cluster import start_verl_workers
+    from lightning_rl.backends.verl.cluster import start_cpu_actor_workers, start_verl_workers
+    from lightning_rl.backends.verl.replicas import GatewayReplicaControl, file_engine_config
     from lightning_rl.backends.verl.trainer import VerlTrainer, verl_services
     from lightning_rl.backends.verl.upstream import ReplicaUpstream
 
@@ -40,6 +41,9 @@ __all__ = [
     "verl_rollout_advantages",
     "verl_compute_advantages",
     "start_verl_workers",
+    "start_cpu_actor_workers",
+    "GatewayReplicaControl",
+    "file_engine_config",
     "ReplicaUpstream",
     "VerlTrainer",
     "verl_services",
@@ -57,6 +61,9 @@ _WHERE = {
     "verl_rollout_advantages": "advantages",
     "verl_compute_advantages": "advantages",
     "start_verl_workers": "cluster",
+    "start_cpu_actor_workers": "cluster",
+    "GatewayReplicaControl": "replicas",
+    "file_engine_config": "replicas",
     "ReplicaUpstream": "upstream",
     "VerlTrainer": "trainer",
     "verl_services": "trainer",

@@ -9,6 +9,11 @@ puts the replicas to sleep. The replicas' addresses become the gateway's upstrea
 
 Written against verl 0.9.1's source; it needs GPUs and vLLM and was not run in this repository's
 CI (see docs/verl.md for what was and was not run).
+
+``start_cpu_actor_workers`` starts the same ``ActorRolloutRefWorker`` (role ``actor``: FSDP2 actor
+and its checkpoint engine, no vLLM) on CPU, gloo, through VeRL's platform and checkpoint-engine
+extension points (``cpu.py``, ``replicas.py``); rollouts then come from LightningRL gateways over
+the embedded engine. That path runs in this repository's CI (``tests/core/verl/test_cpu_workers.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from lightning_rl.backends.verl.backend import VerlWorkers
 
 require_verl()
 
-__all__ = ["start_verl_workers", "actor_dp_size"]
+__all__ = ["start_verl_workers", "start_cpu_actor_workers", "actor_dp_size"]
+
+_RAY_START_ATTEMPTS = 3
 
 
 def actor_dp_size(worker_group: Any) -> int:
@@ -78,5 +85,78 @@ def start_verl_workers(config: Any) -> VerlWorkers:
         dp_size=actor_dp_size(actor_wg),
         rollout=checkpoint,
         server_addresses=list(servers.get_addresses()),
+        shutdown=ray.shutdown,  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+    )
+
+
+def _init_ray_on_cpu(num_cpus: int) -> None:
+    """A local Ray instance whose workers select VeRL's CPU platform.
+
+    With ``RAY_ADDRESS`` set, that cluster is joined instead. Ray waits a fixed 30 s for its
+    raylet to register; on a loaded machine that can time out before the node is up, so start-up
+    is tried a few times before giving up.
+    """
+    import os
+
+    import ray  # pyright: ignore[reportMissingImports]
+
+    from lightning_rl.backends.verl.cpu import cpu_runtime_env
+
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env=cpu_runtime_env())  # pyright: ignore[reportUnknownMemberType]
+        return
+    for attempt in range(1, _RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=cpu_runtime_env())  # pyright: ignore[reportUnknownMemberType]
+            return
+        except Exception:
+            ray.shutdown()  # pyright: ignore[reportUnknownMemberType]
+            if attempt == _RAY_START_ATTEMPTS:
+                raise
+
+
+def start_cpu_actor_workers(config: Any, gateway_urls: list[str], *, admin_token: str | None = None) -> VerlWorkers:
+    """VeRL's real actor worker group on CPU, publishing its weights to LightningRL gateways.
+
+    ``config`` is a VeRL ``ppo_trainer`` config whose actor uses ``strategy=fsdp2`` and whose
+    ``actor_rollout_ref.rollout.checkpoint_engine`` is ``replicas.file_engine_config(folder)``,
+    ``folder`` being the gateways' weights folder; ``trainer.nnodes x trainer.n_gpus_per_node`` is
+    the number of CPU worker processes (the data-parallel size). ``gateway_urls`` are gateways
+    over the embedded engine: the rollout replicas. A Ray instance already running is used as is
+    (its workers need ``cpu.cpu_runtime_env()``); otherwise one is started with one CPU per worker.
+    """
+    import ray  # pyright: ignore[reportMissingImports]
+
+    from lightning_rl.backends.verl.cpu import CpuActorRolloutRefWorker, use_cpu_platform
+    from lightning_rl.backends.verl.replicas import FILE_BACKEND, GatewayReplicaControl
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # pyright: ignore[reportMissingImports]
+
+    backend = config.actor_rollout_ref.rollout.checkpoint_engine.backend
+    if backend != FILE_BACKEND:
+        raise ValueError(
+            f"on CPU the actor publishes weights through the {FILE_BACKEND!r} checkpoint engine (got {backend!r}): "
+            "set actor_rollout_ref.rollout.checkpoint_engine to replicas.file_engine_config(<gateways' weights folder>)."
+        )
+    if config.actor_rollout_ref.actor.strategy != "fsdp2":
+        raise ValueError("on CPU use actor_rollout_ref.actor.strategy=fsdp2 (FSDP1 pins parameters to a CUDA device).")
+    per_node = int(config.trainer.n_gpus_per_node)
+    nnodes = int(config.trainer.nnodes)
+    use_cpu_platform()
+    if not ray.is_initialized():  # pyright: ignore[reportUnknownMemberType]
+        _init_ray_on_cpu(per_node * nnodes)
+    # one CPU per worker: VeRL's default bundle asks for 10 (``max_colocate_count``)
+    pool = RayResourcePool(process_on_nodes=[per_node] * nnodes, use_gpu=False, max_colocate_count=1)
+    actor_cls = RayClassWithInitArgs(
+        cls=ray.remote(CpuActorRolloutRefWorker),  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+        config=config.actor_rollout_ref,
+        role="actor",
+    )
+    actor_wg: Any = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=actor_cls, device_name="cpu")
+    actor_wg.init_model()
+    return VerlWorkers(
+        actor=actor_wg,
+        dp_size=actor_dp_size(actor_wg),
+        rollout=GatewayReplicaControl(actor_wg, gateway_urls, admin_token=admin_token),
+        server_addresses=list(gateway_urls),
         shutdown=ray.shutdown,  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
     )
