@@ -831,26 +831,46 @@ class RedisStore:
         """Run ``body`` (WATCH and reads on one connection, then the decision) and commit its writes
         with MULTI/EXEC; start over when a watched key changed meanwhile."""
         for attempt in range(_RETRIES):
-            async with self._link() as link:
-                result, writes, ends = await body(link)
-                if not writes:
-                    if link.watching:
-                        await link.run(("UNWATCH",))
-                    return result
-                replies = await link.run(("MULTI",), *writes, ("EXEC",))
-            committed = replies[-1]
-            if committed is not None:
-                failed = [r for r in committed if isinstance(r, RedisError)]
-                if failed:
-                    raise _unavailable(failed[0])
-                if ends:
-                    for event in self._waiters:
-                        event.set()
-                return result
+            done = await self._try(body)
+            if done is not None:
+                return done[0]
             await asyncio.sleep(min(0.0005 * (attempt + 1), 0.02))  # a watched key changed: start over
         raise StoreUnavailableError(
             f"{self!r}: the same rollouts changed under {_RETRIES} tries in a row; retry the operation."
         )
+
+    async def _try(self, body: Body[T]) -> tuple[T] | None:
+        """One go of ``_transact``: ``(result,)`` once committed, None if a watched key changed.
+
+        A body that reads in several steps can see a mix of states (a rollout read after a concurrent
+        finish, its attempt before) and refuse it with a store error. So before such an error reaches
+        the caller, an empty MULTI/EXEC checks the watched keys: if they changed, the error came from
+        a torn read and the transaction starts over; if not, the error is real."""
+        async with self._link() as link:
+            try:
+                result, writes, ends = await body(link)
+            except LightningError:
+                if not link.watching:
+                    raise
+                link.watching = False
+                if (await link.run(("MULTI",), ("EXEC",)))[-1] is not None:
+                    raise  # nothing changed under the reads: the error stands
+                return None
+            if not writes:
+                if link.watching:
+                    await link.run(("UNWATCH",))
+                return (result,)
+            replies = await link.run(("MULTI",), *writes, ("EXEC",))
+        committed = replies[-1]
+        if committed is None:
+            return None
+        failed = [r for r in committed if isinstance(r, RedisError)]
+        if failed:
+            raise _unavailable(failed[0])
+        if ends:
+            for event in self._waiters:
+                event.set()
+        return (result,)
 
     def _changes(self, changes: Sequence[tuple[RolloutStatus, Rollout, Attempt | None]]) -> tuple[list[Command], bool]:
         """The writes of rollouts (and their attempts) moved on by ``end_attempt``/``cancel_rollout``,
