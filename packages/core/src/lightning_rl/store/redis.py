@@ -24,8 +24,9 @@ Why it looks like this:
   (``nr``, ``na``) kept in the same transactions, so ``stats`` does not scan.
 * **Durability is the server's.** An acknowledged write is in the server's memory; it survives a
   crash only if the server logs it: ``appendonly yes`` with ``appendfsync always`` loses nothing
-  acknowledged, ``everysec`` up to about a second (see docs/stores.md). ``open`` reads the server's
-  settings and logs a warning when it keeps nothing on disk.
+  acknowledged, ``everysec`` up to about a second of writes when the machine (not just the server
+  process) is lost (see docs/stores.md). ``open`` reads the server's settings and logs a warning when
+  it keeps nothing on disk or may evict keys when full (``maxmemory-policy`` other than ``noeviction``).
 * **Standalone Redis only**: the scripts build key names from the prefix, which Redis Cluster does
   not allow. Clocks come from the caller (``time.time()``), as in the other backends.
 """
