@@ -250,6 +250,31 @@ async def test_open_reports_the_server_persistence(
         assert any("appendonly yes" in r.getMessage() for r in caplog.records)
 
 
+async def test_open_warns_when_the_server_may_evict_keys(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from lightning_rl.store.redis import RedisStore
+
+    with redis_mod.Redis.from_url(own_redis.url) as client:
+        client.config_set("maxmemory-policy", "allkeys-lru")
+    with caplog.at_level(logging.WARNING, logger="lightning_rl.store.redis"):
+        store = await RedisStore.open(own_redis.url)
+    await store.close()
+    assert store.server_settings["maxmemory-policy"] == "allkeys-lru"
+    (record,) = caplog.records
+    assert "maxmemory-policy noeviction" in record.getMessage()
+
+
+async def test_bad_settings_are_invalid_requests(redis_url: str) -> None:
+    from lightning_rl.errors import InvalidRequestError
+    from lightning_rl.store.redis import RedisStore
+
+    with pytest.raises(InvalidRequestError, match="prefix must not be empty"):
+        await RedisStore.open(redis_url, prefix="")
+    with pytest.raises(InvalidRequestError, match="max_connections"):
+        await RedisStore.open(redis_url, max_connections=0)
+
+
 async def test_a_prefix_with_another_layout_version_is_refused(redis_url: str, redis_prefix: str) -> None:
     from lightning_rl.store.redis import RedisStore
 
