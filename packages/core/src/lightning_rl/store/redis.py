@@ -74,7 +74,7 @@ from lightning_rl.types import (
 
 try:
     import redis.asyncio as aioredis
-    from redis.exceptions import NoScriptError, RedisError
+    from redis.exceptions import NoScriptError, RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("RedisStore needs redis-py: install it with `pip install 'lightning-rl[redis]'`.") from exc
 
@@ -267,11 +267,11 @@ class _Link:
     async def run(self, *commands: Command) -> list[Any]:
         await self.conn.send_packed_command(self.conn.pack_commands(commands))
         replies: list[Any] = []
-        error: RedisError | None = None
+        error: ResponseError | None = None
         for _ in commands:
             try:
                 replies.append(await self.conn.read_response())
-            except RedisError as exc:  # an error reply: read the rest so the connection stays in step
+            except ResponseError as exc:  # an error reply: read the rest so the connection stays in step
                 if not isinstance(exc, NoScriptError) or len(commands) > 1:
                     error = error or exc
                 replies.append(exc)
