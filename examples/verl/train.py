@@ -22,8 +22,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_rl.backends.verl import VerlBackendConfig, VerlTrainer, start_verl_workers
+from lightning_rl.backends.verl import VerlBackendConfig, start_verl_workers
 from lightning_rl.trainer import TrainerConfig
+from lightning_rl.trainer.verl import VerlTrainer
 from lightning_rl.types import Task
 
 

@@ -117,7 +117,6 @@ async def test_verl_fsdp_actor_on_cpu_trains_two_lightning_steps_and_publishes(t
     from lightning_rl.backends.verl import (
         VerlBackend,
         VerlBackendConfig,
-        VerlTrainer,
         VerlWorkers,
         start_cpu_actor_workers,
     )
@@ -126,6 +125,7 @@ async def test_verl_fsdp_actor_on_cpu_trains_two_lightning_steps_and_publishes(t
     from lightning_rl.engine.tiny import default_tiny_model
     from lightning_rl.gateway import GatewayConfig, create_gateway_app
     from lightning_rl.gateway.server import running_gateway
+    from lightning_rl.trainer.verl import VerlTrainer
 
     model = default_tiny_model()
     weights_dir = tmp_path / "weights"

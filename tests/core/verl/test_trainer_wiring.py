@@ -17,10 +17,11 @@ import pytest
 pytest.importorskip("verl")
 
 from lightning_rl.agent import LLM  # noqa: E402
-from lightning_rl.backends.verl import VerlBackendConfig, VerlTrainer, VerlWorkers  # noqa: E402
+from lightning_rl.backends.verl import VerlBackendConfig, VerlWorkers  # noqa: E402
 from lightning_rl.gateway.server import running_gateway  # noqa: E402
 from lightning_rl.testing import FakeUpstream  # noqa: E402
 from lightning_rl.trainer import TrainerConfig  # noqa: E402
+from lightning_rl.trainer.verl import VerlTrainer  # noqa: E402
 from lightning_rl.types import Task  # noqa: E402
 
 

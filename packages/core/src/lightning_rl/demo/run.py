@@ -312,7 +312,7 @@ def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig, **overrides: 
 
 
 def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
-    from lightning_rl.trainer.services import resolve_model
+    from lightning_rl.engine.models import resolve_model
 
     cfg = cfg or DemoConfig()
     started = time.perf_counter()

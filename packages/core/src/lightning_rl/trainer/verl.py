@@ -11,7 +11,9 @@ changes is behind the gateway and behind ``backend.update``:
   the gateway the new version.
 
 ``VerlTrainer`` reuses ``Trainer``'s step, validation and checkpoint code unchanged; only the
-services differ (``verl_services``). See docs/verl.md for the launch commands.
+services differ (``verl_services``, through ``Trainer._services``). It lives next to the loop it
+extends: the VeRL backend (``lightning_rl.backends.verl``) knows nothing of the trainer. See
+docs/verl.md for the launch commands.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from rich.console import Console
 from lightning_rl.agent import AgentFn
 from lightning_rl.backends.verl.backend import VerlBackend, VerlBackendConfig, VerlWorkers
 from lightning_rl.backends.verl.upstream import ReplicaUpstream
-from lightning_rl.trainer import Trainer, TrainerConfig
+from lightning_rl.trainer.config import TrainerConfig
+from lightning_rl.trainer.loop import Trainer
 from lightning_rl.trainer.services import Services, serving_rollouts
 
 __all__ = ["verl_services", "VerlTrainer"]

@@ -1,7 +1,8 @@
 """The VeRL policy backend (optional extra ``lightning-rl[verl]``), imported lazily.
 
 ``import lightning_rl.backends.verl`` never imports VeRL; the first attribute you use does, and
-raises ``ImportError`` with the install command when VeRL is missing. See docs/verl.md.
+raises ``ImportError`` with the install command when VeRL is missing. See docs/verl.md. The loop
+over these workers is ``lightning_rl.trainer.verl.VerlTrainer``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from lightning_rl.backends.verl.batch import BatchConfig, VerlBatch, transitions_to_dataproto
     from lightning_rl.backends.verl.cluster import start_cpu_actor_workers, start_verl_workers
     from lightning_rl.backends.verl.replicas import GatewayReplicaControl, file_engine_config
-    from lightning_rl.backends.verl.trainer import VerlTrainer, verl_services
     from lightning_rl.backends.verl.upstream import ReplicaUpstream
 
 __all__ = [
@@ -45,8 +45,6 @@ __all__ = [
     "GatewayReplicaControl",
     "file_engine_config",
     "ReplicaUpstream",
-    "VerlTrainer",
-    "verl_services",
 ]
 
 _WHERE = {
@@ -65,8 +63,6 @@ _WHERE = {
     "GatewayReplicaControl": "replicas",
     "file_engine_config": "replicas",
     "ReplicaUpstream": "upstream",
-    "VerlTrainer": "trainer",
-    "verl_services": "trainer",
 }
 
 

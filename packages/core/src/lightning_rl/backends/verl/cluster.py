@@ -135,7 +135,7 @@ def start_cpu_actor_workers(config: Any, gateway_urls: list[str], *, admin_token
     if backend != FILE_BACKEND:
         raise ValueError(
             f"on CPU the actor publishes weights through the {FILE_BACKEND!r} checkpoint engine (got {backend!r}): "
-            "set actor_rollout_ref.rollout.checkpoint_engine to replicas.file_engine_config(<gateways' weights folder>)."
+            "set actor_rollout_ref.rollout.checkpoint_engine to replicas.file_engine_config(<the gateways' folder>)."
         )
     if config.actor_rollout_ref.actor.strategy != "fsdp2":
         raise ValueError("on CPU use actor_rollout_ref.actor.strategy=fsdp2 (FSDP1 pins parameters to a CUDA device).")
