@@ -26,8 +26,9 @@ __all__ = ["CORE_EXTRAS", "install_command", "missing_modules", "require_extra",
 
 CORE_EXTRAS: dict[str, tuple[str, ...]] = {
     "server": ("fastapi", "uvicorn", "httptools", "google.protobuf"),
-    "train": ("torch", "transformers", "tokenizers", "numpy", "rich", "matplotlib", "openai"),
+    "train": ("torch", "transformers", "tokenizers", "numpy", "rich", "matplotlib", "openai", "yaml"),
     "postgres": ("psycopg",),
+    "redis": ("redis",),
     "otel": ("opentelemetry.sdk",),
     "capture": ("opentelemetry.sdk", "opentelemetry.instrumentation.openai", "openinference.instrumentation.openai"),
     "lora": ("peft",),
