@@ -62,6 +62,23 @@ def test_set_overrides_nested_keys_with_json_values(tmp_path: Path) -> None:
     assert plan.config.run_dir == "runs/x"
 
 
+def test_the_runs_seed_seeds_the_backend_unless_set_apart(tmp_path: Path) -> None:
+    plan = load_run_file(_write(tmp_path, "seed = 7\n" + BASE))
+    assert plan.config.seed == 7 and plan.config.backend.seed == 7
+    plan = load_run_file(_write(tmp_path, "seed = 7\n" + BASE + "[algorithm.backend]\nseed = 3\n"))
+    assert plan.config.seed == 7 and plan.config.backend.seed == 3
+
+
+def test_secrets_are_masked_in_what_is_printed_and_copied() -> None:
+    from lightning_rl.trainer.run_file import masked
+
+    raw = {"algorithm": {"optimizer_api_key": "sk-live", "llm_api_key": None, "steps": 2}, "store_token": "t"}
+    assert masked(raw) == {
+        "algorithm": {"optimizer_api_key": "***", "llm_api_key": None, "steps": 2},
+        "store_token": "***",
+    }
+
+
 def test_yaml_files_work_like_toml(tmp_path: Path) -> None:
     pytest.importorskip("yaml")
     body = "agent: my_agent:agent\ntrain_tasks: train.jsonl\nalgorithm:\n  name: sft\n  top_k: 1\n  min_reward: null\n"

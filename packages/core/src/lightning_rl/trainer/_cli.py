@@ -78,7 +78,7 @@ def _train(args: argparse.Namespace) -> int:
     from lightning_rl.extras import require_extra
 
     require_extra("server", "train", feature="lightning-rl train")
-    from lightning_rl.trainer.run_file import load_run_file, run_plan
+    from lightning_rl.trainer.run_file import load_run_file, masked, run_plan
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     overrides = [*args.overrides, *(["algorithm.progress=false"] if args.quiet else [])]
@@ -89,7 +89,7 @@ def _train(args: argparse.Namespace) -> int:
         flush=True,
     )
     if args.check:
-        print(json.dumps(dataclasses.asdict(plan.config), indent=2, default=str))
+        print(json.dumps(masked(dataclasses.asdict(plan.config)), indent=2, default=str))
         return 0
     result = run_plan(plan)
 

@@ -48,7 +48,7 @@ from typing import Any
 from lightning_rl.algorithms.base import AlgorithmEntry, TrainResult, algorithm_names, get_algorithm
 from lightning_rl.types import Task
 
-__all__ = ["ConfigError", "RunPlan", "load_run_file", "parse_overrides", "build_config", "run_plan"]
+__all__ = ["ConfigError", "RunPlan", "load_run_file", "parse_overrides", "build_config", "run_plan", "masked"]
 
 _TOP_KEYS = (
     "agent",
@@ -360,6 +360,10 @@ def load_run_file(path: str | Path, overrides: Sequence[str] = ()) -> RunPlan:
                 raise ConfigError(f"{key}: algorithm {name!r} has no {key!r} setting; remove it.")
             options[key] = raw[key]
     config = build_config(config_class, _merge(entry.options, options), "algorithm.")
+    backend: Any = getattr(config, "backend", None)
+    backend_options = options.get("backend")
+    if hasattr(backend, "seed") and not (isinstance(backend_options, Mapping) and "seed" in backend_options):
+        backend.seed = int(getattr(config, "seed", 0))  # one seed for the run (as the demo does), unless set apart
 
     if "agent" not in raw:
         raise ConfigError("agent: missing; add agent = 'module:function' (the agent to train).")
@@ -390,6 +394,20 @@ def load_run_file(path: str | Path, overrides: Sequence[str] = ()) -> RunPlan:
     return RunPlan(path, raw, entry, config, agent, train, val, warm, typing.cast(list[str] | None, trainable))
 
 
+_SECRET_SUFFIXES = ("api_key", "token", "password", "secret")
+
+
+def masked(value: Any) -> Any:
+    """``value`` with every setting whose name ends in api_key / token / password / secret shown as ``***``:
+    a run file may hold a key, but the copies written to the run folder or printed must not."""
+    if isinstance(value, Mapping):
+        items = typing.cast(Mapping[str, Any], value).items()
+        return {k: "***" if v and str(k).lower().endswith(_SECRET_SUFFIXES) else masked(v) for k, v in items}
+    if isinstance(value, list):
+        return [masked(v) for v in typing.cast(list[Any], value)]
+    return value
+
+
 def _merge(defaults: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(defaults)
     for key, value in options.items():
@@ -405,7 +423,7 @@ def run_plan(plan: RunPlan) -> TrainResult:
     config = plan.config
     run_dir = Path(getattr(config, "run_dir", "runs/latest"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "train_config.json").write_text(json.dumps(plan.raw, indent=2, default=str))
+    (run_dir / "train_config.json").write_text(json.dumps(masked(plan.raw), indent=2, default=str))
     if plan.warm_start is not None:
         out_dir = run_dir / "warm_start"
         if (out_dir / "config.json").exists():
