@@ -49,6 +49,8 @@ def lightning_configs(cfg: DictConfig) -> tuple[TrainerConfig, VerlBackendConfig
     for key in ("agent", "tasks", "n_train", "n_val"):
         section.pop(key)
     trainer = TrainerConfig(model=str(cfg.actor_rollout_ref.model.path), device="cuda", **section)
+    if not cfg.actor_rollout_ref.actor.use_dynamic_bsz:  # VeRL then needs whole micro-batches on every rank
+        backend.setdefault("micro_batch_size", int(cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu))
     return trainer, VerlBackendConfig(temperature=trainer.temperature, **backend)
 
 

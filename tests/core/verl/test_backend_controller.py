@@ -106,6 +106,18 @@ def test_odd_batches_are_padded_not_trimmed(recorded_run: Any, fake_actor: Any, 
     assert int(td["response_mask"].sum()) == sum(len(t.response_ids) for t in transitions)
 
 
+def test_static_micro_batches_get_whole_micro_batches_on_every_rank(
+    recorded_run: Any, fake_actor: Any, samples: list[Any]
+) -> None:
+    # VeRL's prepare_micro_batches asserts rows % micro_batch_size_per_gpu == 0 on each rank
+    transitions = _transitions(samples)[:5]
+    config = VerlBackendConfig(pad_token_id=recorded_run.pad_token_id, micro_batch_size=4)
+    metrics = VerlBackend(VerlWorkers(actor=fake_actor(), dp_size=2), config).update(transitions)
+    assert metrics["train/verl/rows"] == 8 and metrics["train/verl/pad_rows"] == 3
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        VerlBackendConfig(micro_batch_size=0)
+
+
 def test_recompute_mode_asks_the_actor_for_old_logprobs(recorded_run: Any, fake_actor: Any, samples: list[Any]) -> None:
     transitions = [copy.copy(t) for t in _transitions(samples)[:4]]
     for t in transitions:

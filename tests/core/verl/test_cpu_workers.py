@@ -1,4 +1,4 @@
-"""VeRL's real FSDP actor worker group on CPU, driven by the LightningRL loop for two steps.
+"""VeRL's real FSDP actor worker group on CPU (world size 1 and 2), driven by the LightningRL loop for two steps.
 
 Nothing VeRL-side is faked: ``ActorRolloutRefWorker`` (role ``actor``) runs in a Ray worker
 process on a local Ray instance, FSDP2 over a gloo process group, selected through VeRL's platform
@@ -15,7 +15,7 @@ import asyncio
 import json
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -46,8 +46,8 @@ async def char_count_agent(task: dict[str, Any], llm: LLM) -> float:
     return (len(reply.choices[0].message.content or "") % 4) / 3
 
 
-def cpu_verl_config(model: Path, weights_dir: Path) -> Any:
-    """The example's VeRL config with the tiny model, an FSDP2 actor in fp32 on one CPU worker."""
+def cpu_verl_config(model: Path, weights_dir: Path, world_size: int) -> Any:
+    """The example's VeRL config with the tiny model, an FSDP2 actor in fp32 on ``world_size`` CPU workers."""
     from omegaconf import OmegaConf, open_dict
 
     from lightning_rl.backends.verl import file_engine_config
@@ -67,7 +67,7 @@ def cpu_verl_config(model: Path, weights_dir: Path) -> Any:
         "actor_rollout_ref.actor.optim.lr=1e-3",
         "trainer.device=cpu",
         "trainer.nnodes=1",
-        "trainer.n_gpus_per_node=1",  # CPU worker processes
+        f"trainer.n_gpus_per_node={world_size}",  # CPU worker processes: FSDP shards over this many gloo ranks
     ]
     with initialize_config_dir(config_dir=str(EXAMPLE), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
@@ -105,13 +105,18 @@ async def _trained_transitions(run_dir: Path, version: int) -> list[Transition]:
     finally:
         await store.close()
     transitions = compute_advantages(samples, strategy="broadcast", estimator="grpo")
-    return [t for t in transitions if t.model_version == version]
+    # a call that sampled end-of-text at once has no response token: the update leaves it out
+    return [t for t in transitions if t.model_version == version and t.response_ids]
 
 
 @pytest.mark.slow
+# world size 2: FSDP shards over two gloo ranks; "recompute": old logprobs from the worker's compute_log_prob
+@pytest.mark.parametrize(("world_size", "old_logprobs"), [(1, "sampled"), (2, "recompute")])
 # VeRL's imports warn: ray.experimental.state is deprecated, optional engines (megatron, ...) are missing
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
-async def test_verl_fsdp_actor_on_cpu_trains_two_lightning_steps_and_publishes(tmp_path: Path) -> None:
+async def test_verl_fsdp_actor_on_cpu_trains_two_lightning_steps_and_publishes(
+    tmp_path: Path, world_size: int, old_logprobs: Literal["sampled", "recompute"]
+) -> None:
     from transformers import AutoTokenizer
 
     from lightning_rl.backends.verl import (
@@ -129,7 +134,7 @@ async def test_verl_fsdp_actor_on_cpu_trains_two_lightning_steps_and_publishes(t
 
     model = default_tiny_model()
     weights_dir = tmp_path / "weights"
-    cfg = cpu_verl_config(model, weights_dir)
+    cfg = cpu_verl_config(model, weights_dir, world_size)
     pad = int(AutoTokenizer.from_pretrained(model).pad_token_id or 0)
     engine = TransformersEngine.from_pretrained(model, device="cpu", max_batch_size=8, model_name="policy")
     admin = secrets.token_hex(16)  # the gateway's /admin/weights needs its admin token
@@ -139,7 +144,7 @@ async def test_verl_fsdp_actor_on_cpu_trains_two_lightning_steps_and_publishes(t
         async with running_gateway(replica_app) as replica:
             workers = await asyncio.to_thread(start_cpu_actor_workers, cfg, [replica], admin_token=admin)
             try:
-                assert workers.dp_size == 1
+                assert workers.dp_size == world_size
                 config = TrainerConfig(
                     model=str(model),
                     run_dir=str(run_dir),
@@ -154,7 +159,12 @@ async def test_verl_fsdp_actor_on_cpu_trains_two_lightning_steps_and_publishes(t
                     seed=0,
                 )
                 tasks = [Task(input={"q": "say something about cats"}), Task(input={"q": "tea or rain?"})]
-                backend_config = VerlBackendConfig(pad_token_id=pad, temperature=config.temperature)
+                backend_config = VerlBackendConfig(
+                    pad_token_id=pad,
+                    temperature=config.temperature,
+                    old_logprobs=old_logprobs,
+                    micro_batch_size=int(cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu),
+                )
                 await VerlTrainer(config, workers, backend_config).fit_async(char_count_agent, tasks)
                 step2 = await _trained_transitions(run_dir, version=3)
                 actor_after = await asyncio.to_thread(

@@ -5,7 +5,8 @@ best at: sharded actor/reference models (FSDP/Megatron engines) and vLLM rollout
 weight sync and sleep/wake (the hybrid engine). One ``update(transitions)`` is the part of VeRL's
 ``RayPPOTrainer.fit`` step after generation, driven with our transitions:
 
-1. transitions -> ``DataProto`` (``batch.py``), padded to a multiple of dp size x mini-batches;
+1. transitions -> ``DataProto`` (``batch.py``), padded to a multiple of dp size x mini-batches
+   (x the micro-batch size, with VeRL's static micro-batches);
 2. the rollout replicas go to sleep (the hybrid engine frees their GPU memory for training);
 3. ``old_log_probs``: the engine's sampled logprobs (VeRL's "bypass" mode, default) or
    recomputed by the actor; ``ref_log_prob`` when a KL loss is configured;
@@ -94,6 +95,12 @@ class VerlBackendConfig:
 
     mini_batches: int = 1
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
+    micro_batch_size: int = 1
+    """Rows per micro-batch on each rank when VeRL's actor uses static micro-batches
+    (``actor.use_dynamic_bsz=false``): set it to ``actor.ppo_micro_batch_size_per_gpu`` (and keep
+    ``rollout.log_prob_micro_batch_size_per_gpu`` a divisor of it). VeRL asserts that each rank's
+    rows divide into micro-batches (``prepare_micro_batches``), so the batch is padded to a
+    multiple of dp size x ``mini_batches`` x this. 1 with dynamic batch sizes (the GPU default)."""
     ppo_epochs: int = 1
     old_logprobs: Literal["sampled", "recompute"] = "sampled"
     """``sampled``: the engine's logprobs at sampling time (VeRL bypass mode); ``recompute``: the actor's."""
@@ -113,8 +120,8 @@ class VerlBackendConfig:
     """Hybrid engine: put the vLLM replicas to sleep before the update (``publish`` wakes them)."""
 
     def __post_init__(self) -> None:
-        if self.mini_batches < 1 or self.ppo_epochs < 1:
-            raise ValueError("mini_batches and ppo_epochs must be >= 1.")
+        if self.mini_batches < 1 or self.ppo_epochs < 1 or self.micro_batch_size < 1:
+            raise ValueError("mini_batches, micro_batch_size and ppo_epochs must be >= 1.")
         if self.old_logprobs not in ("sampled", "recompute"):
             raise ValueError(f"old_logprobs must be 'sampled' or 'recompute', got {self.old_logprobs!r}.")
 
@@ -151,7 +158,7 @@ class VerlBackend:
                 max_prompt_length=cfg.max_prompt_length,
                 max_response_length=cfg.max_response_length,
                 overlong=cfg.overlong,
-                size_divisor=self.workers.dp_size * cfg.mini_batches,
+                size_divisor=self.workers.dp_size * cfg.mini_batches * cfg.micro_batch_size,
                 require_logprobs=need,
                 temperature=cfg.temperature,
             ),
