@@ -11,6 +11,8 @@ CUDA* (``platform_manager._detect_platform_name``), so on a CPU-only machine its
   (``import verl`` imports the modules it names), so every worker registers it before use.
 * ``EngineRegistry.register(..., device="cpu")`` makes VeRL's own FSDP engine classes
   (``FSDPEngineWithLMHead``; registered for ``cuda``/``npu`` only) the engines for ``cpu``.
+* ``CpuActorRolloutRefWorker`` (a subclass of VeRL's worker) creates the gloo process group
+  itself: VeRL's own call would ask torch for the invalid backend ``"cpu:gloo,cpu:gloo"``.
 
 Set the two variables with ``cpu_runtime_env()`` (``ray.init(runtime_env=...)``) and in the
 driver process with ``use_cpu_platform()``. Collectives use gloo (FSDP2 on a gloo device mesh).
