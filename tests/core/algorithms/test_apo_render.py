@@ -67,6 +67,31 @@ def test_a_multi_turn_rollout_reads_in_order_without_repeating_the_conversation(
     assert lines[-2:] == ["outcome: succeeded", "reward: 0.000"]
 
 
+def test_calls_captured_by_an_opentelemetry_instrumentation_are_in_the_transcript() -> None:
+    """A hosted model's calls reach the store only as the instrumentation's spans (docs/capture.md);
+    APO critiques them like the gateway's (span attributes as OpenLLMetry writes them)."""
+    captured = Span(
+        name="openai.chat",
+        start_ns=5,
+        end_ns=9,
+        attributes={
+            "llm.request.type": "chat",
+            "gen_ai.request.model": "hosted-model",
+            "gen_ai.response.id": "chatcmpl-9",
+            "gen_ai.prompt.0.role": "user",
+            "gen_ai.prompt.0.content": "What is 2 + 2?",
+            "gen_ai.completion.0.role": "assistant",
+            "gen_ai.completion.0.content": "Five.",
+        },
+        rollout_id="r",
+        attempt_id="a",
+    )
+    rollout = Rollout(task=Task(input={"q": "2 + 2"}), status=RolloutStatus.SUCCEEDED)
+    text = render_rollout(rollout, [captured, _call(20, [{"role": "user", "content": "Sure?"}], "Yes.")], reward=0.0)
+    assert "user: What is 2 + 2?" in text and "assistant: Five." in text
+    assert text.index("assistant: Five.") < text.index("assistant: Yes.")  # in time order with the gateway's
+
+
 def test_long_texts_are_cut_and_errors_shown() -> None:
     rollout = Rollout(task=Task(input="x" * 50), status=RolloutStatus.FAILED, error="Traceback: boom")
     text = render_rollout(rollout, [_call(1, [{"role": "user", "content": "y" * 500}], "z")], text_limit=100)

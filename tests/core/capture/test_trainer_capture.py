@@ -107,6 +107,36 @@ async def test_the_trainer_updates_the_policy_on_captured_calls(
     assert train["train/n_updated_transitions"] > 0 and "train/loss" in train  # the update ran on re-tokenised calls
 
 
+async def test_sft_from_traces_imitates_the_best_captured_calls(
+    tmp_path: Path, hosted_url: str, tiny_model_path: Path
+) -> None:
+    """SFT uses captured calls as they are (re-tokenised text): the best attempt per task is imitated."""
+    from lightning_rl.algorithms import SFT, SFTConfig
+    from lightning_rl.types import Task
+
+    config = SFTConfig(
+        model=str(tiny_model_path),
+        run_dir=str(tmp_path / "sft"),
+        steps=1,
+        batch_size=2,
+        group_size=2,
+        max_tokens=8,
+        val_every=0,
+        tensorboard=False,
+        progress=False,
+        rollout_timeout_s=60,
+        min_reward=None,
+        top_k=1,
+    )
+    tasks = [Task(input={"q": f"tell me about {w}", "url": hosted_url}) for w in ("cats", "tea")]
+    async with captured("openllmetry"):
+        result = await asyncio.to_thread(SFT(config).fit, hosted_agent, tasks)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    [train] = [r for r in rows if "train/reward_mean" in r]
+    assert train["train/n_rollouts"] == 4 and train["train/selected_rollouts"] == 2  # the best of each task
+    assert train["train/optimizer_steps"] >= 1 and train["train/loss"] > 0  # fine-tuned on the captured text
+
+
 def test_retokenize_samples_needs_a_tokenizer_only_when_there_is_text_to_tokenize() -> None:
     exact = Transition(prompt_ids=[1], response_ids=[2], rollout_id="r", attempt_id="a")
     text = Transition(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_rl import semconv
+from lightning_rl.capture import call_spans
 from lightning_rl.dashboard.views import call_row
 from lightning_rl.types import Rollout, Span
 
@@ -84,7 +85,10 @@ def render_rollout(
     lines = [f"task: {_cut(_json(task.input), text_limit)}"]
     if task.metadata:
         lines.append(f"task metadata: {_cut(_json(task.metadata), text_limit)}")
-    ordered = sorted(spans, key=lambda s: (s.start_ns, s.seq))
+    # model calls the gateway served, plus those captured by OpenTelemetry instrumentations (a hosted
+    # model's calls, docs/capture.md), each shaped as an ``llm.call`` span
+    others = [s for s in spans if s.name != semconv.SPAN_LLM_CALL]
+    ordered = sorted([*call_spans(spans), *others], key=lambda s: (s.start_ns, s.seq))
     t0 = ordered[0].start_ns if ordered else 0
     seen: set[str] = set()
     for span in ordered:
