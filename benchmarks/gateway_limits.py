@@ -50,6 +50,33 @@ print(r.status_code, time.perf_counter() - start, wall)
 """
 
 
+_GATEWAY = """
+import asyncio, atexit, json, os, signal, sys, time
+import uvicorn
+# a 5 ms timer in the gateway's own event loop: how late it fires is how long the loop was blocked
+lags = []
+async def probe():
+    while True:
+        start = time.perf_counter()
+        await asyncio.sleep(0.005)
+        lags.append((time.time(), (time.perf_counter() - start - 0.005) * 1000))
+serve = uvicorn.Server.serve
+async def serve_with_probe(self, *args, **kwargs):
+    asyncio.get_running_loop().create_task(probe())
+    return await serve(self, *args, **kwargs)
+uvicorn.Server.serve = serve_with_probe
+@atexit.register
+def write_lags():
+    with open(os.environ["LAGS_FILE"], "w") as f:
+        json.dump(lags, f)
+# uvicorn re-raises SIGTERM once it has shut down: exit normally then, so that atexit runs
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+from lightning_rl.cli import main
+sys.argv[0] = "lightning-rl"
+main()
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,6 +126,8 @@ class Result:
     """Small calls started while the big body was in flight (from the sender's request to its answer)."""
     flight_p50_ms: float
     flight_max_ms: float
+    loop_lag_max_ms: float
+    """Longest the gateway's event loop was blocked while the big body was in flight (its 5 ms probe)."""
     baseline_p50_ms: float
     rss_before: float
     rss_peak: float
@@ -118,9 +147,13 @@ async def _small_calls(http: httpx.AsyncClient, url: str, stop: asyncio.Event) -
 
 async def _measure(name: str, extra: list[str], mb: float) -> Result:
     port = _free_port()
-    cmd = [sys.executable, "-c", "from lightning_rl.cli import main; main()", "gateway", "serve", "--model", "tiny"]
+    cmd = [sys.executable, "-c", _GATEWAY, "gateway", "serve", "--model", "tiny"]
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([*cmd, "--port", str(port), *extra], stdout=subprocess.DEVNULL, stderr=log)
+    lags_file = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
+    lags_file.close()
+    env = {**os.environ, "LAGS_FILE": lags_file.name}
+    proc = subprocess.Popen([*cmd, "--port", str(port), *extra], stdout=subprocess.DEVNULL, stderr=log, env=env)
+    sent = big_s = float("nan")
     url = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(timeout=300) as http:
@@ -167,25 +200,30 @@ async def _measure(name: str, extra: list[str], mb: float) -> Result:
                 flight = [ms for wall, ms in small.result() if sent <= wall <= sent + big_s] or [float("nan")]
                 await asyncio.sleep(2.0)
             rss_after = _rss_mb(proc.pid)
-            return Result(
-                name,
-                status,
-                big_s,
-                len(during),
-                statistics.median(during),
-                max(during),
-                len(flight) if flight[0] == flight[0] else 0,
-                statistics.median(flight),
-                max(flight),
-                statistics.median(ms for _, ms in baseline),
-                rss_before,
-                rss.peak,
-                rss_after,
-            )
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+    with open(lags_file.name) as f:
+        lags: list[list[float]] = json.load(f)
+    os.unlink(lags_file.name)
+    in_flight = [lag for wall, lag in lags if sent <= wall <= sent + big_s]
+    return Result(
+        name,
+        status,
+        big_s,
+        len(during),
+        statistics.median(during),
+        max(during),
+        len(flight) if flight[0] == flight[0] else 0,
+        statistics.median(flight),
+        max(flight),
+        max(in_flight, default=float("nan")),
+        statistics.median(ms for _, ms in baseline),
+        rss_before,
+        rss.peak,
+        rss_after,
+    )
 
 
 def _commit() -> str:
@@ -210,13 +248,14 @@ def main() -> None:
         f"Python {platform.python_version()}); big prompt: {args.mb:g} MB.\n"
     )
     print(
-        "| configuration | big call | answered in | small calls while it is in flight: n, p50 / max | "
-        "whole window (with the sender's start-up): n, p50 / max | small p50 before | RSS before / peak / 2 s after |"
+        "| configuration | big call | answered in | gateway loop blocked, max | small calls while it is in flight: "
+        "n, p50 / max | whole window (with the sender's start-up): n, p50 / max | small p50 before | "
+        "RSS before / peak / 2 s after |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r.config} | {r.status} | {r.big_s * 1000:.0f} ms | {r.flight_n}, "
+            f"| {r.config} | {r.status} | {r.big_s * 1000:.0f} ms | {r.loop_lag_max_ms:.1f} ms | {r.flight_n}, "
             f"{r.flight_p50_ms:.1f} / {r.flight_max_ms:.1f} ms | {r.small_n}, "
             f"{r.small_p50_ms:.1f} / {r.small_max_ms:.1f} ms | {r.baseline_p50_ms:.1f} ms | "
             f"{r.rss_before:.0f} / {r.rss_peak:.0f} / {r.rss_after:.0f} MB |"

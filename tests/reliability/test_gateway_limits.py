@@ -66,17 +66,33 @@ async def test_chunked_body_above_the_limit_is_413(url: str) -> None:
 
 
 async def test_prompt_that_cannot_fit_is_refused_before_tokenising(engine: TransformersEngine) -> None:
-    """2 MB of text: tokenising it with the tiny model's tokenizer takes ~15 s; the bound answers at once."""
+    """1.5 MB of text: tokenising it with the tiny model's tokenizer takes ~11 s; the bound answers at once."""
     async with serving(engine) as root, httpx.AsyncClient(timeout=60) as http:
         for stream in (False, True):
             start = time.perf_counter()
-            r = await http.post(f"{root}/v1/chat/completions", json={**_prompt(2_000_000), "stream": stream})
+            r = await http.post(f"{root}/v1/chat/completions", json={**_prompt(1_500_000), "stream": stream})
             elapsed = time.perf_counter() - start
             error = assert_openai_error(r, 400, "messages")
             assert error["code"] == "context_length_exceeded" and "characters" in error["message"]
             assert elapsed < 2.0, elapsed
-        r = await http.post(f"{root}/v1/completions", json={"prompt": "x" * 2_000_000, "max_tokens": 2})
+        r = await http.post(f"{root}/v1/completions", json={"prompt": "x" * 1_500_000, "max_tokens": 2})
         assert assert_openai_error(r, 400, "prompt")["code"] == "context_length_exceeded"
+
+
+async def test_a_body_too_long_for_the_models_context_is_413_unread(engine: TransformersEngine) -> None:
+    """Under the operator's 16 MiB limit, but longer than any prompt the context can hold: refused by its
+    Content-Length (parsing 3 MB of JSON would hold the event loop for ~12 ms; 15 MB for ~60 ms)."""
+    from lightning_rl.gateway.upstreams import EngineBackend
+
+    bound = EngineBackend(engine).body_bound()
+    assert bound is not None and bound < GatewayConfig().max_body_bytes
+    async with serving(engine) as root, httpx.AsyncClient(timeout=60) as http:
+        r = await http.post(f"{root}/v1/chat/completions", json=_prompt(bound + 1_000_000))
+        error = assert_openai_error(r, 413)
+        assert error["code"] == "request_too_large" and "context" in error["message"] and str(bound) in error["message"]
+        ok = await http.post(f"{root}/v1/chat/completions", json=_prompt(bound // 2))  # parsed, then 400
+        assert assert_openai_error(ok, 400, "messages")["code"] == "context_length_exceeded"
+        assert (await http.post(f"{root}/v1/chat/completions", json=GOOD_CHAT)).status_code == 200
 
 
 async def test_long_prompt_is_tokenised_off_the_event_loop(engine: TransformersEngine) -> None:

@@ -126,18 +126,19 @@ def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-def body_too_large(size: int | None, limit: int) -> GatewayHTTPError:
-    """The 413 for a body above ``limit`` bytes (``size``: its length when known)."""
+def body_too_large(size: int | None, limit: int, why: str | None = None) -> GatewayHTTPError:
+    """The 413 for a body above ``limit`` bytes (``size``: its length when known; ``why``: what set
+    the limit, when not the operator's setting)."""
     what = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+    why = why or "the operator sets the limit: GatewayConfig.max_body_bytes, lightning-rl gateway serve --max-body-mb"
     return GatewayHTTPError(
         413,
-        f"the request body is {what}, above this gateway's limit of {limit} bytes; send a shorter prompt "
-        "(the operator sets the limit: GatewayConfig.max_body_bytes, lightning-rl gateway serve --max-body-mb).",
+        f"the request body is {what}, above this gateway's limit of {limit} bytes; send a shorter prompt ({why}).",
         code="request_too_large",
     )
 
 
-async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
+async def read_body(receive: Receive, limit: int | None = None, why: str | None = None) -> bytes | None:
     """The whole request body; ``None`` when the client left before sending it.
 
     Raises:
@@ -148,7 +149,7 @@ async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
         return None
     body: bytes = message.get("body", b"")
     if limit is not None and len(body) > limit:
-        raise body_too_large(None, limit)
+        raise body_too_large(None, limit, why)
     if not message.get("more_body", False):
         return body
     chunks = [body]
@@ -160,7 +161,7 @@ async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
         chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if limit is not None and size > limit:
-            raise body_too_large(None, limit)
+            raise body_too_large(None, limit, why)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

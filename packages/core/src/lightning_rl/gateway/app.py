@@ -775,6 +775,8 @@ class _GatewayApp(FastAPI):
     expected_auth: bytes | None = None
     admin_auth: bytes | None = None
     max_body_bytes: int = 16 * 1024 * 1024
+    max_body_why: str | None = None
+    """What set ``max_body_bytes`` when it is not the operator's setting (the model's context)."""
     calls: dict[CallKind, _Handler]
 
     def _refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> Response | None:
@@ -796,7 +798,7 @@ class _GatewayApp(FastAPI):
             return error_response(401, msg, type="authentication_error", code="invalid_api_key")
         size = content_length(headers)
         if size is not None and size > self.max_body_bytes:
-            return body_too_large(size, self.max_body_bytes).response()
+            return body_too_large(size, self.max_body_bytes, self.max_body_why).response()
         return None
 
     def call_for(self, path: str, headers: list[tuple[bytes, bytes]]) -> FastHandler | None:
@@ -833,7 +835,7 @@ class _GatewayApp(FastAPI):
     async def _answer(self, answer: FastHandler, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the body, answer the call, send the answer (the ASGI path; the fast path does this itself)."""
         try:
-            raw = await read_body(receive, self.max_body_bytes)
+            raw = await read_body(receive, self.max_body_bytes, self.max_body_why)
         except GatewayHTTPError as exc:  # a chunked body above the limit
             await exc.response()(scope, receive, send)
             return
@@ -914,6 +916,11 @@ def create_gateway_app(
     app.expected_auth = f"Bearer {token}".encode() if token else None
     app.admin_auth = f"Bearer {admin_token}".encode() if admin_token else None
     app.max_body_bytes = config.max_body_bytes
+    bound = getattr(gw.backend, "body_bound", None)
+    context_bound = bound() if callable(bound) else None
+    if isinstance(context_bound, int) and context_bound < config.max_body_bytes:  # see EngineBackend.body_bound
+        app.max_body_bytes = context_bound
+        app.max_body_why = "no longer body can hold a prompt that fits the model's context"
     app.calls = {
         "chat": gw.bound(gw.chat),
         "completions": gw.bound(gw.completions),
