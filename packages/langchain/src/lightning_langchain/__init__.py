@@ -1,20 +1,14 @@
-"""Lightning plugin for LangChain / LangGraph: train chosen roles of a graph with RL, graph unchanged.
+"""Lightning plugin for LangChain / LangGraph: train chosen roles of a graph with RL, graph unchanged (README).
 
-::
-
-    import lightning_langchain
-    lightning_langchain.instrument(trainable=["writer", "rewriter"])
-    graph.invoke(...)   # inside a Lightning rollout: routed to the gateway, roles and tools recorded
-
-Importing this package imports ``langchain_core`` (the handler subclasses its callback base class);
-without it the import fails with one line naming the install command (the ``langchain`` extra).
-``langchain-openai`` is only needed for routing ``ChatOpenAI`` and is imported when instrumenting.
+Importing it needs ``langchain_core`` (the handler subclasses its callback base class); without it the
+import fails naming the install command. ``langchain-openai`` is needed only to route ``ChatOpenAI``.
 """
 
 from __future__ import annotations
 
 from lightning_rl.errors import IncompatibleFrameworkError
 from lightning_rl.extras import extra_import
+from lightning_rl.roles import ROLE_KEY, ROLE_TAG_PREFIX, TRAINABLE_KEY, RoleInfo, role_metadata
 
 INSTALL = "pip install 'lightning-langchain[langchain]'"
 """The command that installs the plugin with the framework it needs."""
@@ -22,15 +16,7 @@ INSTALL = "pip install 'lightning-langchain[langchain]'"
 with extra_import(INSTALL, "lightning-langchain needs LangChain", ("langchain_core",), IncompatibleFrameworkError):
     from lightning_langchain.handler import SPAN_ERROR, LightningCallbackHandler, response_id
     from lightning_langchain.instrumentor import LangChainInstrumentor, current_handler, instrument, uninstrument
-    from lightning_langchain.roles import (
-        ROLE_KEY,
-        ROLE_TAG_PREFIX,
-        TRAINABLE_KEY,
-        RoleInfo,
-        as_role,
-        resolve_role,
-        role_metadata,
-    )
+    from lightning_langchain.roles import as_role, resolve_role
 
 __all__ = [
     "LangChainInstrumentor",

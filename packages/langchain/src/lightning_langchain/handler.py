@@ -1,23 +1,10 @@
-"""The LangChain callback handler: role spans for model calls, tool spans for tool runs.
+"""The LangChain callback handler: role, tool and error spans (what each holds: the README).
 
-LangChain tells every callback handler when a chat model starts and ends (with the run's
-metadata at the start, the response at the end) and when a tool starts, ends or fails. From these
-the handler records, inside a rollout only:
-
-* per chat-model call, a role span joined to the gateway's ``llm.call`` by the response id
-  (``response_metadata["id"]``) — exact, whatever the concurrency — plus the role's trainable
-  flag; it also sets :data:`~lightning_langchain.routing.request_role` so the request itself goes
-  to the role's gateway URL (which covers streamed calls, whose messages carry no id);
-* per tool run, a tool span with the model's tool-call id (so the AIR ``tool_success`` /
-  ``tool_error`` signal lands on the call that asked for the tool); an error is recorded in
-  ``on_tool_error``, which LangChain calls before the exception leaves the tool, so it is
-  recorded even when the error then aborts the graph;
-* an error span for an exception raised in the user's own code (a node), recorded once; the
-  exception itself is LangChain's to propagate and the handler never touches it.
-
-The handler runs inline (``run_inline = True``): in the caller's context, before LangChain goes on,
-which is what lets the role reach the HTTP request. Every callback is ``guarded``: a failure of the
-handler is logged at debug level and counted, never raised into the user's graph.
+It runs inline (``run_inline = True``), in the caller's context before LangChain goes on: that is
+how the role it sets in :data:`~lightning_langchain.routing.request_role` reaches the HTTP request,
+which attributes streamed calls (no response id to join on). A tool's error is recorded in
+``on_tool_error``, called before the exception leaves the tool, so it is kept even when it aborts
+the graph. Every callback is ``guarded``: a failure of the handler never reaches the user's graph.
 """
 
 from __future__ import annotations
@@ -71,15 +58,16 @@ def _tool_call_ids(response: LLMResult) -> Iterator[str]:
                     yield call_id
 
 
+def _role_of(callback_kwargs: Mapping[str, Any]) -> RoleInfo:
+    """The role of a run from the ``metadata`` and ``tags`` (inherited by the run) LangChain passes a callback."""
+    return resolve_role(callback_kwargs.get("metadata"), callback_kwargs.get("tags"))
+
+
 def _json(value: Any) -> str:
     try:
         return json.dumps(value, default=str)
     except (TypeError, ValueError):
         return str(value)
-
-
-def _undecided(_role: str | None) -> bool | None:
-    return None
 
 
 def _is_control_flow(error: BaseException) -> bool:
@@ -90,16 +78,8 @@ def _is_control_flow(error: BaseException) -> bool:
 
 
 class LightningCallbackHandler(BaseCallbackHandler):
-    """Records roles and tool runs of a LangChain/LangGraph run into the current rollout.
-
-    Usually installed globally by ``lightning_langchain.instrument()``; it can also be passed
-    explicitly (``config={"callbacks": [LightningCallbackHandler()]}``). Outside a rollout it does
-    nothing.
-
-    Args:
-        is_trainable: The trainable flag of a role when the user set none on the runnable
-            (``instrument(trainable=...)``); returns None when undecided.
-    """
+    """Records LangChain runs into the current rollout (outside one: nothing); installed by ``instrument()``
+    or passed in ``config={"callbacks": [...]}``. ``is_trainable``: a role's flag when its runnable sets none."""
 
     run_inline = True
     raise_error = False
@@ -107,14 +87,13 @@ class LightningCallbackHandler(BaseCallbackHandler):
     def __init__(self, is_trainable: Callable[[str | None], bool | None] | None = None) -> None:
         super().__init__()
         self.enabled = True
-        self._is_trainable = is_trainable or _undecided
+        self._is_trainable: Callable[[str | None], bool | None] = is_trainable or (lambda _role: None)
         self._llm_runs: Bounded[UUID, RoleInfo] = Bounded()
         self._tool_runs: ToolRuns[UUID] = ToolRuns()
         self._chain_runs: Bounded[UUID, RoleInfo] = Bounded()
         # (attempt, tool-call id) -> role: some tool parsers reuse ids across rollouts ("add:0").
         self._role_of_tool_call: Bounded[tuple[str, str], str] = Bounded()
-        # Exceptions already recorded (by id; the object is kept so the id stays unique). Exceptions
-        # take no weak references, hence a small bounded map.
+        # Exceptions recorded, by id (kept so the id stays unique; exceptions take no weak references).
         self._recorded: Bounded[int, BaseException] = Bounded(256)
 
     def _active(self) -> bool:
@@ -123,23 +102,14 @@ class LightningCallbackHandler(BaseCallbackHandler):
     def _trainable(self, info: RoleInfo) -> bool | None:
         return info.trainable if info.trainable is not None else self._is_trainable(info.role)
 
-    # -- chat models -------------------------------------------------------------------------
-
     @guarded
     def on_chat_model_start(
-        self,
-        serialized: dict[str, Any],
-        messages: list[list[BaseMessage]],
-        *,
-        run_id: UUID,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
+        self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID, **kwargs: Any
     ) -> None:
         if not self._active():
             return
         request_role.set(None)  # should what follows fail, no earlier call's role may leak into this request
-        info = resolve_role(metadata, tags)
+        info = _role_of(kwargs)
         self._llm_runs.put(run_id, info)
         request_role.set(info.role)  # read by the routing hook when this call's request goes out
 
@@ -169,20 +139,8 @@ class LightningCallbackHandler(BaseCallbackHandler):
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._llm_runs.pop(run_id)
 
-    # -- tools -------------------------------------------------------------------------------
-
     @guarded
-    def on_tool_start(
-        self,
-        serialized: dict[str, Any],
-        input_str: str,
-        *,
-        run_id: UUID,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        inputs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID, **kwargs: Any) -> None:
         if not self._active():
             return
         tool_call_id = kwargs.get("tool_call_id")
@@ -192,8 +150,9 @@ class LightningCallbackHandler(BaseCallbackHandler):
         ctx = current_rollout()
         role = self._role_of_tool_call.get((ctx.attempt_id, call_id)) if call_id and ctx is not None else None
         if role is None:
-            role = resolve_role(metadata, tags).role
+            role = _role_of(kwargs).role
         name = str((serialized or {}).get("name") or "tool")
+        inputs = kwargs.get("inputs")
         arguments = _json(inputs) if inputs is not None else input_str
         self._tool_runs.start(run_id, name, call_id=call_id, role=role, arguments=arguments)
 
@@ -218,21 +177,12 @@ class LightningCallbackHandler(BaseCallbackHandler):
         self._tool_runs.end(run, error=error)
         self._recorded.put(id(error), error)
 
-    # -- the user's code (graph nodes, chains) -----------------------------------------------
-
     @guarded
     def on_chain_start(
-        self,
-        serialized: dict[str, Any],
-        inputs: dict[str, Any],
-        *,
-        run_id: UUID,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
+        self, serialized: dict[str, Any], inputs: dict[str, Any], *, run_id: UUID, **kwargs: Any
     ) -> None:
         if self._active():
-            self._chain_runs.put(run_id, resolve_role(metadata, tags))
+            self._chain_runs.put(run_id, _role_of(kwargs))
 
     def on_chain_end(self, outputs: dict[str, Any], *, run_id: UUID, **kwargs: Any) -> None:
         self._chain_runs.pop(run_id)

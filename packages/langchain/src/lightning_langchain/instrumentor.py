@@ -1,18 +1,11 @@
 """``LangChainInstrumentor``: one call makes every LangChain/LangGraph run in the process trainable.
 
-Two things are installed, both undone by ``uninstrument()``:
-
-* the callback handler, registered with LangChain's configure hook
-  (``langchain_core.tracers.context.register_configure_hook``): every run LangChain configures —
-  ``graph.invoke(...)``, ``model.invoke(...)`` — gets it, with no ``callbacks=`` in the user's
-  code. The hook's context variable has the handler as its *default*, so it applies in every
-  thread and task, including those started before ``instrument()``;
-* the ``ChatOpenAI`` routing patch (:mod:`lightning_langchain.routing`), so model calls made
-  inside a rollout reach that rollout's gateway URL whatever ``base_url`` the model was built with.
-
-Both are recorded on the plugin's install handle. LangChain has no public way to unregister a
-configure hook, so the undo removes the entry from ``langchain_core.tracers.context._configure_hooks``
-and also disables the handler: should that private list change shape, the handler still stops.
+It installs, on the plugin's install handle, the callback handler and the ``ChatOpenAI`` routing
+(:mod:`lightning_langchain.routing`). The handler goes in through LangChain's configure hook, in a
+context variable whose *default* is the handler, so every run in every thread and task gets it,
+including those started before ``instrument()``. LangChain has no public way to unregister the hook:
+the undo removes it from the private ``_configure_hooks`` list and also disables the handler, so the
+handler stops even should that list change shape.
 """
 
 from __future__ import annotations
@@ -32,12 +25,7 @@ _log = logging.getLogger(__name__)
 
 
 class LangChainInstrumentor(Instrumentor):
-    """The Lightning plugin for LangChain / LangGraph (entry point ``langchain``).
-
-    ``instrument(trainable=..., route=True)``: ``route=False`` leaves ``ChatOpenAI`` clients
-    alone (when the model is already pointed at the rollout, e.g. built per rollout from
-    ``llm.base_url``); roles and tools are recorded either way.
-    """
+    """The Lightning plugin for LangChain / LangGraph (entry point ``langchain``); options: the README's "Options"."""
 
     name: ClassVar[str] = "langchain"
     framework: ClassVar[str] = "langchain-core"
@@ -82,13 +70,8 @@ class LangChainInstrumentor(Instrumentor):
 
 
 def instrument(trainable: RoleSpec | RoleSelector = None, **kwargs: Any) -> LangChainInstrumentor:
-    """Instrument LangChain/LangGraph for training (idempotent); see :class:`LangChainInstrumentor`.
-
-    Args:
-        trainable: Roles to train (names, a regex or a predicate); None lets the trainer decide.
-            A ``lightning_trainable`` flag set on a runnable (``as_role(..., trainable=)``) wins.
-        **kwargs: ``check_version=`` (default True) and ``route=`` (default True).
-    """
+    """Instrument LangChain/LangGraph for training (idempotent): ``trainable=`` roles (a runnable's own
+    ``lightning_trainable`` flag wins), ``check_version=True``, ``route=True`` (the README's "Options")."""
     return LangChainInstrumentor().instrument(trainable=trainable, **kwargs)
 
 

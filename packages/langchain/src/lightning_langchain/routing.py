@@ -1,18 +1,11 @@
 """Route ``ChatOpenAI`` calls made inside a rollout to that rollout's gateway URL.
 
-Users build their ``ChatOpenAI`` once, often at import time, and many rollouts share it, so every
-request is rewritten on its way out by core's routing hook instead (see
-:meth:`lightning_rl.plugins.Patches.hook_client`). The hook goes on lazily: the generation methods
-of ``BaseChatOpenAI`` (``_generate``, ``_agenerate``, ``_stream``, ``_astream``: every sync/async,
-streaming or not, chat-completions or Responses-API call passes through one) are wrapped so that
-the first time a model is used inside a rollout, its OpenAI clients' httpx clients get the hook.
-That covers models built before ``instrument()`` too.
-
-The role a request is sent under comes from :data:`request_role`, a context variable the callback
-handler sets in ``on_chat_model_start``. The handler runs inline (``run_inline = True``), so the
-value reaches the request (LangChain copies that context into the tasks and threads it starts).
-With the role in the URL the gateway attributes the call directly, which also covers streamed chat
-completions, whose messages carry no response id.
+Users build their ``ChatOpenAI`` once, often at import time, and rollouts share it, so each request
+is rewritten on its way out by core's routing hook (:meth:`lightning_rl.plugins.Patches.hook_client`).
+The hook goes on lazily: ``BaseChatOpenAI``'s generation methods, which every kind of call passes
+through, hook the model's httpx clients the first time it is used inside a rollout (models built
+before ``instrument()`` too). The role comes from :data:`request_role`, set by the inline callback
+handler; with it in the URL the gateway attributes streamed calls, whose messages carry no id.
 """
 
 from __future__ import annotations

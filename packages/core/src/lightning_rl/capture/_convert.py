@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from lightning_rl import semconv
+from lightning_rl.roles import role_from_metadata
 from lightning_rl.types import Span
 
 __all__ = [
@@ -382,21 +383,9 @@ def _openllmetry_call(span: Span) -> CapturedCall:
 
 
 def _langchain_role(metadata: Any) -> str | None:
-    """The role in a LangChain run's metadata: explicit label > agent name > subgraph > graph node."""
+    """The role in a LangChain run's metadata (OpenInference records it), as the LangChain plugin names it."""
     meta = _json(metadata)
-    if not isinstance(meta, dict):
-        return None
-    m = cast(dict[str, Any], meta)
-    for key in ("lightning_role", "lc_agent_name"):
-        if isinstance(m.get(key), str) and m[key]:
-            return cast(str, m[key])
-    namespace = m.get("checkpoint_ns") or m.get("langgraph_checkpoint_ns")
-    if isinstance(namespace, str) and namespace:
-        head = namespace.split("|", 1)[0].split(":", 1)[0]
-        if head:
-            return head
-    node = m.get("langgraph_node")
-    return node if isinstance(node, str) and node else None
+    return role_from_metadata(cast(dict[str, Any], meta)).role if isinstance(meta, dict) else None
 
 
 def _own_role(span: Span) -> str | None:
