@@ -3,16 +3,17 @@
 Issue 26.4 measured, before the limits: a 10 MB prompt delayed a concurrent 4-token request by
 10.6 s, 30 MB took 25.5 s to be refused, and the gateway's RSS rose 0.8 -> 1.9 GB and stayed there.
 
-This starts ``lightning-rl gateway serve --model tiny`` as its own process, sends small chat calls
-(2 tokens) back to back and, meanwhile, one chat call whose prompt is ``--mb`` MB of text. Two
-configurations: the default body limit (the big body is answered 413 from its ``Content-Length``)
-and ``--max-body-mb 64`` (the body is read, then refused by the length bound before tokenising).
-Reported per configuration: the big call's status and time (measured in the process that sends it,
-so that this client's own work on 30 MB never shows as gateway latency); the small calls' latency
-(median, max) while the big body is in flight (from the sender's request to its answer) and over the
-whole window, which also covers the sending interpreter's start-up (on 2 cores, three busy
-processes share two CPUs then: that is contention on this machine, not a gateway stall); and the
-gateway's RSS before, at its peak and 2 s after.
+This starts ``lightning-rl gateway serve --model tiny`` (default limits) as its own process, sends
+small chat calls (2 tokens) back to back and, meanwhile, one chat call with a big prompt, three
+times: ``--mb`` MB (30: above the 16 MiB body limit, a 413 from its ``Content-Length``), 5 MB (under
+that limit but longer than any prompt the tiny model's context can hold: also a 413, unread) and
+1.5 MB (short enough to fit by its size: parsed, then refused by the character bound before
+tokenising). Reported per row: the big call's status and time (measured in the process that sends
+it, so that this client's own work never shows as gateway latency); how long the gateway's own
+event loop was blocked while the big body was in flight (a 5 ms timer inside the gateway process:
+how late it fired); the small calls' latency (median, max) in that window and over the whole
+measured window (0.3 s before the big call to 0.3 s after its answer; the sending process has
+started and read its body before it); and the gateway's RSS before, at its peak and 2 s after.
 
     uv run python benchmarks/gateway_limits.py            # the table in benchmarks/README.md
 """
@@ -44,6 +45,8 @@ import sys, time, httpx
 with open(sys.argv[2], "rb") as f:
     body = f.read()
 client = httpx.Client(timeout=300)
+print("ready", flush=True)
+sys.stdin.readline()  # started and loaded before the measured window: go
 wall, start = time.time(), time.perf_counter()
 r = client.post(sys.argv[1], content=body, headers={"content-type": "application/json"})
 print(r.status_code, time.perf_counter() - start, wall)
@@ -59,7 +62,7 @@ async def probe():
     while True:
         start = time.perf_counter()
         await asyncio.sleep(0.005)
-        lags.append((time.time(), (time.perf_counter() - start - 0.005) * 1000))
+        lags.append((time.time(), max(0.0, (time.perf_counter() - start - 0.005) * 1000)))
 serve = uvicorn.Server.serve
 async def serve_with_probe(self, *args, **kwargs):
     asyncio.get_running_loop().create_task(probe())
@@ -179,20 +182,26 @@ async def _measure(name: str, extra: list[str], mb: float) -> Result:
             with tempfile.NamedTemporaryFile(suffix=".json") as body_file, _RssSampler(proc.pid) as rss:
                 body_file.write(raw)
                 body_file.flush()
-                stop = asyncio.Event()
-                small = asyncio.create_task(_small_calls(http, url, stop))
-                await asyncio.sleep(0.2)
                 # sent by another process: the small calls must measure the gateway, not this
-                # client's own work on 30 MB (one interpreter, one GIL)
+                # client's own work on 30 MB (one interpreter, one GIL); it starts and reads the body
+                # before the small calls begin, so its start-up is not in the measured window
                 sender = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-c",
                     _SENDER,
                     f"{url}/v1/chat/completions",
                     body_file.name,
+                    stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                 )
+                assert sender.stdout is not None and sender.stdin is not None
+                assert (await sender.stdout.readline()).strip() == b"ready"
+                stop = asyncio.Event()
+                small = asyncio.create_task(_small_calls(http, url, stop))
+                await asyncio.sleep(0.3)
+                sender.stdin.write(b"go\n")
                 out, _ = await sender.communicate()
+                await asyncio.sleep(0.3)  # and a while after the answer
                 status_text, seconds, sent_at = out.decode().split()
                 status, big_s, sent = int(status_text), float(seconds), float(sent_at)
                 stop.set()
@@ -238,18 +247,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=30.0, help="Size of the big prompt in MB (default 30).")
     args = parser.parse_args()
-    configs = [("default (16 MiB body limit)", []), ("--max-body-mb 64 (length bound)", ["--max-body-mb", "64"])]
-    results = [asyncio.run(_measure(name, extra, args.mb)) for name, extra in configs]
+    configs = [
+        (f"{args.mb:g} MB: above the 16 MiB limit", [], args.mb),
+        ("5 MB: under the limit, too long for the model's context", [], 5.0),
+        ("1.5 MB: could fit, parsed, then refused by the length bound", [], 1.5),
+    ]
+    results = [asyncio.run(_measure(name, extra, mb)) for name, extra, mb in configs]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     cpu = platform.processor() or platform.machine()
     print(
         f"Generated {when} at commit `{_commit()}` by `uv run python benchmarks/gateway_limits.py"
         f"{'' if args.mb == 30.0 else f' --mb {args.mb:g}'}` ({cpu}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}); big prompt: {args.mb:g} MB.\n"
+        f"Python {platform.python_version()}); the gateway serves the tiny model with its default limits.\n"
     )
     print(
-        "| configuration | big call | answered in | gateway loop blocked, max | small calls while it is in flight: "
-        "n, p50 / max | whole window (with the sender's start-up): n, p50 / max | small p50 before | "
+        "| big prompt | big call | answered in | gateway loop blocked, max | small calls while it is in flight: "
+        "n, p50 / max | whole window (0.3 s before to 0.3 s after): n, p50 / max | small p50 before | "
         "RSS before / peak / 2 s after |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
