@@ -19,23 +19,16 @@ import asyncio
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
+
+from _common import git_commit
 
 from lightning_rl.agent import LLM
 from lightning_rl.algorithms.apo import APO, APOConfig, prompt_template
 from lightning_rl.gateway import running_gateway
 from lightning_rl.testing import FakeUpstream
 from lightning_rl.types import Task
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 async def _main(args: argparse.Namespace) -> float:
@@ -82,7 +75,7 @@ async def _main(args: argparse.Namespace) -> float:
     print(f"  all candidates running at once: median {statistics.median(overlap):.0%} of the evaluation's wall time")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {_commit()}, {platform.machine()} "
+        f"  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {git_commit()}, {platform.machine()} "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, load {load:.1f}"
     )
     return ratio

@@ -24,53 +24,14 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-
-def parse_seeds(text: str) -> list[int]:
-    seeds: list[int] = []
-    try:
-        for part in text.split(","):
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                seeds += range(int(lo), int(hi) + 1)
-            elif part.strip():
-                seeds.append(int(part))
-    except ValueError as exc:
-        raise SystemExit(f"--seeds {text!r}: give seeds like 0-2 or 0,3,4") from exc
-    if not seeds:
-        raise SystemExit(f"--seeds {text!r}: give at least one seed, e.g. 0-2")
-    return seeds
-
-
-def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def per_step(metrics: Path, key: str) -> list[float]:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [float(r[key]) for r in rows if key in r]
-
-
-def cpu_name() -> str:
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        for line in info.read_text().splitlines():
-            if "model name" in line:
-                return line.split(":", 1)[1].strip()
-    return platform.machine()
+from _common import cpu_name, git_commit, parse_seeds, per_step
 
 
 def main(argv: list[str] | None = None) -> int:

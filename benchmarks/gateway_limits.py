@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from _common import git_commit
 
 SMALL: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
 
@@ -235,14 +236,6 @@ async def _measure(name: str, extra: list[str], mb: float) -> Result:
     )
 
 
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=30.0, help="Size of the big prompt in MB (default 30).")
@@ -256,7 +249,7 @@ def main() -> None:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     cpu = platform.processor() or platform.machine()
     print(
-        f"Generated {when} at commit `{_commit()}` by `uv run python benchmarks/gateway_limits.py"
+        f"Generated {when} at commit `{git_commit()}` by `uv run python benchmarks/gateway_limits.py"
         f"{'' if args.mb == 30.0 else f' --mb {args.mb:g}'}` ({cpu}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}); the gateway serves the tiny model with its default limits.\n"
     )

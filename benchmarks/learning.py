@@ -37,6 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from _common import cpu_name, git_commit, parse_seeds
+
 BEGIN, END = "<!-- learning:begin -->", "<!-- learning:end -->"
 
 
@@ -52,20 +54,6 @@ class RunResult:
     @property
     def gain(self) -> float:
         return self.after - self.before
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``0-4`` or ``0,2,5`` or ``3``."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            seeds.extend(range(int(lo), int(hi) + 1))
-        elif part.strip():
-            seeds.append(int(part))
-    if not seeds:
-        raise SystemExit(f"--seeds {text!r} names no seed; use e.g. 0-4 or 0,1,2")
-    return seeds
 
 
 def demo_command(seed: int, out: Path, extra: list[str]) -> list[str]:
@@ -99,25 +87,6 @@ def run_one(seed: int, repeat: int, out: Path, threads: int | None, extra: list[
     if len(curve) < 2:
         raise SystemExit(f"seed {seed}: metrics.jsonl has {len(curve)} held-out rows; expected before and after")
     return RunResult(seed, repeat, curve[0][1], curve[-1][1], wall, curve)
-
-
-def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def table(results: list[RunResult], header: dict[str, str]) -> str:

@@ -20,12 +20,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from _common import git_commit, per_step
 
 
 def parse_lrs(text: str) -> list[float]:
@@ -36,20 +37,6 @@ def parse_lrs(text: str) -> list[float]:
     if not lrs or any(lr <= 0 for lr in lrs):
         raise SystemExit(f"--lr {text!r}: give one or more positive learning rates, e.g. 1e-3,3e-4")
     return lrs
-
-
-def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def per_step(metrics: Path, key: str) -> list[float]:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [float(r[key]) for r in rows if key in r]
 
 
 def main(argv: list[str] | None = None) -> int:

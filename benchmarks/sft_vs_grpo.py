@@ -31,35 +31,17 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from _common import cpu_name, git_commit
+
 BEGIN, END = "<!-- sft-vs-grpo:begin -->", "<!-- sft-vs-grpo:end -->"
-
-
-def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cpu_name() -> str:
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        for line in info.read_text().splitlines():
-            if "model name" in line:
-                return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def train_rollouts(metrics: Path) -> int:
