@@ -106,3 +106,37 @@ def test_tasks_have_gold_queries_that_run_and_the_spider_loader_reads_spider_lay
     assert data.execution_match(task["db_path"], "SELECT COUNT(*) FROM items", task["gold_sql"])
     with pytest.raises(FileNotFoundError, match="train_spider.json"):
         data.load_spider(spider, "train_spider")
+
+
+def test_the_run_file_trains_the_same_agent_with_lightning_rl_train(tmp_path: Path) -> None:
+    """``lightning-rl train examples/sql_agent/config.toml``, short: the async session instruments
+    LangChain and owns the ChatOpenAI client inside the training's event loop, and undoes both."""
+    pytest.importorskip("torch")
+    from lightning_rl.cli import main
+
+    out = tmp_path / "run"
+    overrides = [
+        f"run_dir={out}",
+        "val_tasks=null",
+        "warm_start.steps=2",
+        "algorithm.steps=2",
+        "algorithm.batch_size=2",
+        "algorithm.group_size=2",
+        "algorithm.concurrency=4",
+        "algorithm.max_tokens=16",
+    ]
+    argv = ["train", str(EXAMPLE / "config.toml"), "--quiet", *[a for o in overrides for a in ("--set", o)]]
+    assert main(argv) == 0
+    assert not LangChainInstrumentor().is_instrumented  # the session's exit uninstrumented
+
+    assert (out / "company.sqlite").is_file() and (out / "warm_start" / "warm_start.json").is_file()
+    assert json.loads((out / "train_config.json").read_text())["warm_start"]["steps"] == 2
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["train/n_rollouts"] == 4 and r["train/failed_rollouts"] == 0 for r in train)
+    spans = asyncio.run(_spans(out / "store.sqlite"))
+    calls = [s for s in spans if s.name == semconv.SPAN_LLM_CALL and "-s" in s.rollout_id]
+    roles = Counter(s.attributes.get(semconv.ROLE) for s in calls)
+    assert roles["writer"] == 8 and roles["checker"] >= 8  # each rollout ran the graph through the plugin
+    assert sum(r["train/n_transitions"] for r in train) == roles["writer"] + roles["rewriter"]

@@ -5,15 +5,23 @@ Each bad file must fail with a message that names the key and the fix; nothing h
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import json
+import sys
+import types
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
 
+from lightning_rl.algorithms.base import TrainResult  # noqa: E402
 from lightning_rl.cli import main  # noqa: E402
-from lightning_rl.trainer.run_file import ConfigError, load_run_file  # noqa: E402
+from lightning_rl.trainer.run_file import ConfigError, load_run_file, run_plan  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -137,3 +145,190 @@ def test_every_builtin_algorithm_builds_its_config_from_a_file(tmp_path: Path, n
     plan = load_run_file(_write(tmp_path, BASE.replace('"grpo"', f'"{name}"').replace("steps = 2", "")))
     assert plan.entry.name == name and type(plan.config) is plan.entry.config_class()
     assert plan.config.model == "tiny"
+
+
+# --- session: a context manager around the warm start and fit ----------------------------------
+# A recording test double of an algorithm (the run file is the layer under test, not training): its
+# fit runs the agent once per training task, on the event loop it is given.
+EVENTS: list[str] = []
+
+
+@dataclasses.dataclass
+class RecordingConfig:
+    model: str = "tiny"
+    run_dir: str = "runs/latest"
+    seed: int = 0
+
+
+class RecordingAlgorithm:
+    """Test double: ``fit`` runs the agent on each training task and records it (no model, no training)."""
+
+    def __init__(self, config: RecordingConfig, *, trainable: list[str] | None = None) -> None:
+        self.config = config
+
+    def fit(self, agent: Any, train_tasks: Any, val_tasks: Any = ()) -> TrainResult:
+        EVENTS.append("fit")
+        return asyncio.run(self._run(agent, train_tasks))
+
+    async def fit_async(self, agent: Any, train_tasks: Any, val_tasks: Any = ()) -> TrainResult:
+        EVENTS.append("fit_async")
+        return await self._run(agent, train_tasks)
+
+    async def _run(self, agent: Any, train_tasks: Any) -> TrainResult:
+        rewards = [await agent(t.input, None) for t in train_tasks]
+        return TrainResult(Path(self.config.run_dir), None, None, [{"train/reward_mean": sum(rewards)}])
+
+
+class SyncOnlyAlgorithm:
+    """Test double: an algorithm with ``fit`` only."""
+
+    def __init__(self, config: RecordingConfig) -> None:
+        self.config = config
+
+    def fit(self, agent: Any, train_tasks: Any, val_tasks: Any = ()) -> TrainResult:
+        raise AssertionError("never reached: an async session is refused first")
+
+
+def _double_module() -> types.ModuleType:
+    module = types.ModuleType("run_file_session_double")
+    state: dict[str, Any] = {"loop": None, "client": None}
+
+    @contextlib.contextmanager
+    def sync_session(trainable: list[str] | None, label: str = "sync") -> Iterator[None]:
+        EVENTS.append(f"enter {label} trainable={trainable}")
+        try:
+            yield
+        finally:
+            EVENTS.append(f"exit {label}")
+
+    @contextlib.asynccontextmanager
+    async def async_session(config: RecordingConfig) -> AsyncIterator[None]:
+        state["loop"] = asyncio.get_running_loop()
+        state["client"] = "open"
+        EVENTS.append(f"enter async run_dir={Path(config.run_dir).name}")
+        try:
+            yield
+        finally:
+            state["client"] = None
+            EVENTS.append("exit async")
+
+    async def agent(task: Any, llm: Any) -> float:
+        loop = asyncio.get_running_loop()
+        same_loop = state["loop"] is None or state["loop"] is loop
+        EVENTS.append(f"agent client={state['client']} same_loop={same_loop}")
+        return 1.0
+
+    def warm_start(model: str, out_dir: Path, tasks: Any, seed: int) -> Path:
+        EVENTS.append(f"warm_start in_loop={_has_running_loop()}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return out_dir
+
+    module.sync_session = sync_session  # type: ignore[attr-defined]
+    module.async_session = async_session  # type: ignore[attr-defined]
+    module.agent = agent  # type: ignore[attr-defined]
+    module.warm_start = warm_start  # type: ignore[attr-defined]
+    module.not_a_context_manager = lambda: 42  # type: ignore[attr-defined]
+    module.RecordingAlgorithm = RecordingAlgorithm  # type: ignore[attr-defined]
+    module.SyncOnlyAlgorithm = SyncOnlyAlgorithm  # type: ignore[attr-defined]
+    return module
+
+
+def _has_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+SESSION_BASE = """
+agent = "run_file_session_double:agent"
+train_tasks = "train.jsonl"
+warm_start = "run_file_session_double:warm_start"
+trainable = ["solver"]
+[algorithm]
+name = "recording-double"
+"""
+
+
+@pytest.fixture
+def session_double(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from lightning_rl.algorithms import base
+
+    monkeypatch.setitem(sys.modules, "run_file_session_double", _double_module())
+    for name, cls in (("recording-double", "RecordingAlgorithm"), ("sync-only-double", "SyncOnlyAlgorithm")):
+        entry = base.AlgorithmEntry(name, f"run_file_session_double:{cls}", "test double")
+        monkeypatch.setitem(base._REGISTRY, name, entry)  # pyright: ignore[reportPrivateUsage]
+    EVENTS.clear()
+    yield
+    EVENTS.clear()
+
+
+def test_a_sync_session_is_entered_around_the_warm_start_and_fit(tmp_path: Path, session_double: None) -> None:
+    body = SESSION_BASE + f'run_dir = "{tmp_path / "run"}"\n'
+    body = 'session = { function = "run_file_session_double:sync_session", label = "S" }\n' + body
+    result = run_plan(load_run_file(_write(tmp_path, body)))
+    assert EVENTS == [
+        "enter S trainable=['solver']",  # the run file's roles reach the plugin call
+        "warm_start in_loop=False",
+        "fit",
+        "agent client=None same_loop=True",
+        "agent client=None same_loop=True",
+        "exit S",
+    ]
+    assert result.history == [{"train/reward_mean": 2.0}]
+
+
+def test_an_async_session_shares_the_training_event_loop(tmp_path: Path, session_double: None) -> None:
+    body = 'session = "run_file_session_double:async_session"\n' + SESSION_BASE
+    run_plan(load_run_file(_write(tmp_path, body), [f"run_dir={tmp_path / 'run'}"]))
+    assert EVENTS == [
+        "enter async run_dir=run",
+        "warm_start in_loop=False",  # in a worker thread: a warm start may run its own event loop
+        "fit_async",
+        # the agent sees what the session opened, on the loop the session was entered in
+        "agent client=open same_loop=True",
+        "agent client=open same_loop=True",
+        "exit async",
+    ]
+
+
+def test_a_session_must_return_a_context_manager(tmp_path: Path, session_double: None) -> None:
+    body = 'session = "run_file_session_double:not_a_context_manager"\n' + SESSION_BASE
+    with pytest.raises(ConfigError, match=r"session: run_file_session_double:not_a_context_manager returned int"):
+        run_plan(load_run_file(_write(tmp_path, body), [f"run_dir={tmp_path / 'run'}"]))
+
+
+def test_an_async_session_needs_an_algorithm_with_fit_async(tmp_path: Path, session_double: None) -> None:
+    body = 'session = "run_file_session_double:async_session"\n' + SESSION_BASE.replace("recording", "sync-only")
+    body = body.replace('trainable = ["solver"]\n', "")
+    with pytest.raises(ConfigError, match=r"algorithm 'sync-only-double' has no fit_async .* give a sync context"):
+        run_plan(load_run_file(_write(tmp_path, body), [f"run_dir={tmp_path / 'run'}"]))
+    assert "fit" not in EVENTS
+
+
+@pytest.mark.parametrize(
+    ("session", "message"),
+    [
+        ('"no_such_module:session"', r"session: cannot import 'no_such_module'"),
+        ('"run_file_session_double:nope"', r"session: module run_file_session_double has no 'nope'"),
+        ('"session_without_colon"', r"session: 'session_without_colon' is not module:function"),
+        ("{ label = 'x' }", r"session: a table needs function = 'module:function'"),
+        (
+            '{ function = "run_file_session_double:sync_session", lable = "x" }',
+            r"session\.lable: unknown key; did you mean 'label'\?",
+        ),
+    ],
+)
+def test_bad_sessions_name_the_key_and_the_fix(
+    tmp_path: Path, session_double: None, session: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_run_file(_write(tmp_path, f"session = {session}\n" + SESSION_BASE))
+
+
+def test_function_tables_bind_arguments_that_set_can_reach(tmp_path: Path, session_double: None) -> None:
+    body = 'session = { function = "run_file_session_double:sync_session", label = "A" }\n' + SESSION_BASE
+    plan = load_run_file(_write(tmp_path, body), ["session.label=B", f"run_dir={tmp_path / 'run'}"])
+    run_plan(plan)
+    assert EVENTS[0] == "enter B trainable=['solver']" and EVENTS[-1] == "exit B"

@@ -10,7 +10,8 @@ The file names the agent, the tasks, the model and the algorithm with its option
     warm_start = "my_agent:warm_start"     # optional: fn(model, out_dir, tasks, seed) -> trained model folder
     trainable = ["solver"]                 # optional: the roles that train (RL, SFT, DPO)
     train_tasks = "train.jsonl"            # JSON lines (a Task, or any value used as the task's input)
-    val_tasks = "my_tasks:held_out"        # optional; or module:function returning tasks (given seed= if it takes one)
+    val_tasks = "my_tasks:held_out"        # optional; or module:function -> tasks (given seed=, run_dir= if named)
+    session = "my_agent:session"           # optional: fn() -> a (sync or async) context manager around the run
 
     [algorithm]
     name = "grpo"                          # any registered name: grpo, rloo, ppo, sft, dpo, apo
@@ -23,6 +24,16 @@ file says where it was looked for, a bad value names its key and the expected ty
 key=value`` overrides any key by its dotted path (``--set algorithm.backend.lr=1e-3``); values are
 read as JSON when they parse (numbers, booleans, lists, ``null`` for None), else as text.
 
+A ``module:function`` value may also be a table ``{ function = "module:function", key = value, ... }``: the
+other keys are keyword arguments of the call, so ``--set warm_start.steps=5`` reaches the function too.
+
+``session`` is for agents whose framework must be set up around training and torn down after it: a
+plugin's ``instrument(...)``, clients that belong to an event loop. The function (given ``trainable=``
+and ``config=`` when it names them) returns a context manager, entered before the warm start (which may
+run the agent) and left after ``fit``. An async context manager is entered inside the event loop the
+training runs in (``asyncio.run`` of ``fit_async``; the warm start then runs in a worker thread), so the
+clients it opens live in the loop of the in-process runner and can be closed there.
+
 The run folder is the one the algorithm writes (for the RL loop: ``config.json``, ``metrics.jsonl``,
 ``reward_curve.png``, ``store.sqlite``, ``checkpoints/``), plus ``warm_start/`` when the file asks
 for one (as ``lightning-rl demo`` lays it out) and ``train_config.json``: the file as run, after
@@ -31,8 +42,11 @@ overrides.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import difflib
+import functools
 import importlib
 import inspect
 import json
@@ -48,7 +62,16 @@ from typing import Any
 from lightning_rl.algorithms.base import AlgorithmEntry, TrainResult, algorithm_names, get_algorithm
 from lightning_rl.types import Task
 
-__all__ = ["ConfigError", "RunPlan", "load_run_file", "parse_overrides", "build_config", "run_plan", "masked"]
+__all__ = [
+    "ConfigError",
+    "RunPlan",
+    "load_run_file",
+    "load_function",
+    "parse_overrides",
+    "build_config",
+    "run_plan",
+    "masked",
+]
 
 _TOP_KEYS = (
     "agent",
@@ -60,6 +83,7 @@ _TOP_KEYS = (
     "seed",
     "warm_start",
     "trainable",
+    "session",
     "algorithm",
 )
 _COMMON = ("model", "run_dir", "store", "seed")
@@ -85,6 +109,8 @@ class RunPlan:
     val_tasks: list[Task]
     warm_start: Callable[..., Any] | None
     trainable: list[str] | None
+    session: Callable[[], Any] | None = None
+    """Returns the context manager entered around the warm start and ``fit`` (the ``session`` key)."""
 
 
 # --- reading the file ---------------------------------------------------------------------------
@@ -275,6 +301,39 @@ def load_object(spec: str, key: str) -> Any:
         raise ConfigError(f"{key}: module {module_name} has no {attribute!r}.") from None
 
 
+def load_function(spec: Any, key: str) -> Callable[..., Any]:
+    """The function of a ``module:function`` value, or of a table ``{ function = "module:function", ... }``
+    with the table's other keys bound as keyword arguments (each checked against the signature)."""
+    options: dict[str, Any] = {}
+    if isinstance(spec, Mapping):
+        options = dict(typing.cast(Mapping[str, Any], spec))
+        if "function" not in options:
+            raise ConfigError(
+                f"{key}: a table needs function = 'module:function' (its other keys are the function's arguments)."
+            )
+        spec = options.pop("function")
+    if not isinstance(spec, str):
+        raise ConfigError(f"{key}: expected 'module:function' or a table with function = ..., got {spec!r}.")
+    fn = load_object(spec, key)
+    if not callable(fn):
+        raise ConfigError(f"{key}: {spec} is not a function.")
+    if options:
+        params = inspect.signature(fn).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            for name in options:
+                if name not in params:
+                    raise _unknown(name, list(params), f"{key}.")
+        fn = functools.partial(fn, **options)
+    return typing.cast(Callable[..., Any], fn)
+
+
+def _named(fn: Callable[..., Any], available: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``available`` that ``fn`` has a parameter for (and that a table did not bind)."""
+    params = inspect.signature(fn).parameters
+    bound = fn.keywords if isinstance(fn, functools.partial) else {}
+    return {k: v for k, v in available.items() if k in params and k not in bound}
+
+
 def _is_object_spec(spec: str, base: Path) -> bool:
     return ":" in spec and not (base / spec).exists() and not spec.endswith((".jsonl", ".json"))
 
@@ -290,17 +349,15 @@ def _as_task(item: Any, where: str) -> Task:
     return Task(input=item)
 
 
-def load_tasks(spec: Any, base: Path, seed: int | None, key: str) -> list[Task]:
-    """Tasks from a JSON-lines / JSON file (relative to the run file) or a ``module:function``."""
+def load_tasks(spec: Any, base: Path, seed: int | None, key: str, run_dir: str | None = None) -> list[Task]:
+    """Tasks from a JSON-lines / JSON file (relative to the run file) or a ``module:function`` (called
+    with ``seed=`` and ``run_dir=`` when it names them: tasks may need files, as the SQL agent's database)."""
+    if isinstance(spec, Mapping) or (isinstance(spec, str) and spec and _is_object_spec(spec, base)):
+        fn = load_function(spec, key)
+        items: Any = fn(**_named(fn, {"seed": seed if seed is not None else 0, "run_dir": run_dir}))
+        return [_as_task(item, f"{key} item {i}") for i, item in enumerate(items)]
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"{key}: give a tasks file (.jsonl) or module:function, got {spec!r}.")
-    if _is_object_spec(spec, base):
-        fn = load_object(spec, key)
-        if not callable(fn):
-            raise ConfigError(f"{key}: {spec} is not a function returning tasks.")
-        takes_seed = "seed" in inspect.signature(fn).parameters
-        items: Any = fn(seed=seed if seed is not None else 0) if takes_seed else fn()
-        return [_as_task(item, f"{key} ({spec}) item {i}") for i, item in enumerate(items)]
     path = base / spec
     if not path.is_file():
         raise ConfigError(f"{key}: tasks file {path} not found; paths are relative to the config file.")
@@ -373,14 +430,15 @@ def load_run_file(path: str | Path, overrides: Sequence[str] = ()) -> RunPlan:
     if "train_tasks" not in raw:
         raise ConfigError("train_tasks: missing; add train_tasks = 'train.jsonl' (or 'module:function').")
     seed = getattr(config, "seed", raw.get("seed"))
-    train = load_tasks(raw["train_tasks"], base, seed, "train_tasks")
+    run_dir = getattr(config, "run_dir", None)
+    train = load_tasks(raw["train_tasks"], base, seed, "train_tasks", run_dir)
     if not train:
         raise ConfigError("train_tasks: no tasks; training needs at least one.")
-    val = load_tasks(raw["val_tasks"], base, seed, "val_tasks") if "val_tasks" in raw else []
+    val = load_tasks(raw["val_tasks"], base, seed, "val_tasks", run_dir) if "val_tasks" in raw else []
 
     warm = None
     if raw.get("warm_start"):
-        warm = load_object(str(raw["warm_start"]), "warm_start")
+        warm = load_function(raw["warm_start"], "warm_start")
         if "model" not in field_names:
             raise ConfigError(f"warm_start: algorithm {name!r} has no model to warm-start; remove it.")
     trainable = raw.get("trainable")
@@ -391,7 +449,11 @@ def load_run_file(path: str | Path, overrides: Sequence[str] = ()) -> RunPlan:
             raise ConfigError(f"trainable: expected a role name or a list of them, got {trainable!r}.")
         if "trainable" not in inspect.signature(entry.load()).parameters:
             raise ConfigError(f"trainable: algorithm {name!r} trains no roles; remove it.")
-    return RunPlan(path, raw, entry, config, agent, train, val, warm, typing.cast(list[str] | None, trainable))
+    session = None
+    if raw.get("session"):
+        session = load_function(raw["session"], "session")
+    roles = typing.cast(list[str] | None, trainable)
+    return RunPlan(path, raw, entry, config, agent, train, val, warm, roles, session)
 
 
 _SECRET_SUFFIXES = ("api_key", "token", "password", "secret")
@@ -419,19 +481,61 @@ def _merge(defaults: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str,
 
 
 def run_plan(plan: RunPlan) -> TrainResult:
-    """Warm-start if asked (reusing a finished one in the run folder), then ``fit``; returns its result."""
-    config = plan.config
-    run_dir = Path(getattr(config, "run_dir", "runs/latest"))
+    """Warm-start if asked (reusing a finished one in the run folder), then ``fit``, inside the session
+    when the file names one; returns the algorithm's result.
+
+    Raises:
+        ConfigError: the session returned no context manager, or an async one for an algorithm without
+            ``fit_async``.
+    """
+    run_dir = Path(getattr(plan.config, "run_dir", "runs/latest"))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "train_config.json").write_text(json.dumps(masked(plan.raw), indent=2, default=str))
-    if plan.warm_start is not None:
-        out_dir = run_dir / "warm_start"
-        if (out_dir / "config.json").exists():
-            print(f"reusing the warm start in {out_dir}", flush=True)
-        else:
-            seed = getattr(config, "seed", 0)
-            out_dir = Path(plan.warm_start(model=config.model, out_dir=out_dir, tasks=plan.train_tasks, seed=seed))
-        config.model = str(out_dir)
+    if plan.session is None:
+        _warm_start(plan, run_dir)
+        return _algorithm(plan).fit(plan.agent, plan.train_tasks, plan.val_tasks)
+    session = plan.session(**_named(plan.session, {"trainable": plan.trainable, "config": plan.config}))
+    if isinstance(session, contextlib.AbstractAsyncContextManager):
+        if not hasattr(plan.entry.load(), "fit_async"):
+            raise ConfigError(
+                f"session: {plan.raw['session']} gives an async context manager, but algorithm {plan.entry.name!r} "
+                "has no fit_async to run inside its event loop; give a sync context manager instead."
+            )
+        return asyncio.run(_fit_in_async_session(plan, run_dir, typing.cast(Any, session)))
+    if not isinstance(session, contextlib.AbstractContextManager):
+        raise ConfigError(
+            f"session: {plan.raw['session']} returned {type(session).__name__}, not a context manager; "
+            "return one (e.g. from a @contextlib.contextmanager or @contextlib.asynccontextmanager function)."
+        )
+    with typing.cast(contextlib.AbstractContextManager[Any], session):
+        _warm_start(plan, run_dir)
+        return _algorithm(plan).fit(plan.agent, plan.train_tasks, plan.val_tasks)
+
+
+async def _fit_in_async_session(
+    plan: RunPlan, run_dir: Path, session: contextlib.AbstractAsyncContextManager[Any]
+) -> TrainResult:
+    async with session:
+        # a warm start may start its own event loop (one that runs the agent): a worker thread has none
+        await asyncio.to_thread(_warm_start, plan, run_dir)
+        result: TrainResult = await _algorithm(plan).fit_async(plan.agent, plan.train_tasks, plan.val_tasks)
+        return result
+
+
+def _warm_start(plan: RunPlan, run_dir: Path) -> None:
+    """Point ``config.model`` at the warm-started model, training it unless the run folder has one."""
+    if plan.warm_start is None:
+        return
+    config = plan.config
+    out_dir = run_dir / "warm_start"
+    if (out_dir / "config.json").exists():
+        print(f"reusing the warm start in {out_dir}", flush=True)
+    else:
+        seed = getattr(config, "seed", 0)
+        out_dir = Path(plan.warm_start(model=config.model, out_dir=out_dir, tasks=plan.train_tasks, seed=seed))
+    config.model = str(out_dir)
+
+
+def _algorithm(plan: RunPlan) -> Any:
     cls = plan.entry.load()
-    algorithm = cls(config, trainable=plan.trainable) if plan.trainable is not None else cls(config)
-    return algorithm.fit(plan.agent, plan.train_tasks, plan.val_tasks)
+    return cls(plan.config, trainable=plan.trainable) if plan.trainable is not None else cls(plan.config)
