@@ -72,3 +72,34 @@ def test_the_crew_example_trains_a_few_steps_and_writes_metrics(train_module: Mo
     assert set(roles) == {"Researcher", "Writer"}  # every gateway call carries its exact role
     total = sum(r["train/n_transitions"] + r["train/untrainable_calls"] for r in train)
     assert roles.count("Researcher") + roles.count("Writer") == total
+
+
+def test_the_run_file_trains_the_same_crew_with_lightning_rl_train(tmp_path: Path) -> None:
+    """``lightning-rl train examples/crew_agent/config.toml``, short: the session instruments CrewAI
+    before the warm start (which captures demonstrations from the instrumented crew) and undoes it."""
+    pytest.importorskip("torch")
+    from lightning_rl.cli import main
+
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"run_dir={run_dir}",
+        "val_tasks=null",
+        "warm_start.steps=4",
+        "algorithm.steps=2",
+        "algorithm.batch_size=2",
+        "algorithm.group_size=3",
+        "algorithm.concurrency=6",
+        "algorithm.tensorboard=false",
+    ]
+    argv = ["train", str(TRAIN_PY.parent / "config.toml"), "--quiet", *[a for o in overrides for a in ("--set", o)]]
+    assert main(argv) == 0
+    assert not CrewAIInstrumentor().is_instrumented  # the session's exit uninstrumented
+
+    assert json.loads((run_dir / "warm_start" / "warm_start.json").read_text())["examples"] > 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for row in train:
+        assert row["train/n_rollouts"] == 6 and row["train/failed_rollouts"] == 0
+        assert row["train/n_transitions"] >= 6 and row["train/untrainable_calls"] >= 6
+    assert set(_roles(run_dir)) == {"Researcher", "Writer"}

@@ -69,3 +69,37 @@ def test_the_example_trains_end_to_end_and_writes_metrics(tmp_path: Path) -> Non
         # every rollout reaches the answerer (trained); the planner's calls are recorded, not trained
         assert row["train/n_transitions"] >= 4 and row["train/untrainable_calls"] >= 4
     assert json.loads((out / "warm_start" / "warm_start.json").read_text())["examples"] > 0
+
+
+@pytest.mark.slow
+def test_the_run_file_trains_the_same_app_with_lightning_rl_train(tmp_path: Path) -> None:
+    """``lightning-rl train examples/rag_agent/config.toml``, short: the session instruments the SDK
+    (the answerer trains, the planner is recorded) and uninstruments it when the run ends."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from lightning_openai_agents import OpenAIAgentsInstrumentor
+    from lightning_rl.cli import main
+
+    out = tmp_path / "run"
+    overrides = [
+        f"run_dir={out}",
+        "val_tasks=null",
+        "warm_start.steps=2",
+        "algorithm.steps=2",
+        "algorithm.batch_size=2",
+        "algorithm.group_size=2",
+        "algorithm.concurrency=4",
+        "algorithm.max_tokens=24",
+    ]
+    argv = ["train", str(EXAMPLE / "config.toml"), "--quiet", *[a for o in overrides for a in ("--set", o)]]
+    assert main(argv) == 0
+    assert not OpenAIAgentsInstrumentor().is_instrumented  # the session's exit uninstrumented
+
+    assert json.loads((out / "warm_start" / "warm_start.json").read_text())["examples"] > 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for row in steps:
+        assert row["train/n_rollouts"] == 4 and row["train/failed_rollouts"] == 0
+        # the plugin routed both agents: the answerer's calls trained, the planner's recorded only
+        assert row["train/n_transitions"] >= 4 and row["train/untrainable_calls"] >= 4
