@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from lightning_rl.errors import IncompatibleFrameworkError
 from lightning_rl.extras import extra_import
-from lightning_rl.roles import ROLE_KEY, ROLE_TAG_PREFIX, TRAINABLE_KEY, RoleInfo, role_metadata
+from lightning_rl.langchain_runs import ROLE_KEY, ROLE_TAG_PREFIX, TRAINABLE_KEY, RoleInfo, role_metadata
 
 INSTALL = "pip install 'lightning-langchain[langchain]'"
 """The command that installs the plugin with the framework it needs."""

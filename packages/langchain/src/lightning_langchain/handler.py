@@ -21,6 +21,7 @@ from langchain_core.outputs import LLMResult
 from lightning_langchain.roles import RoleInfo, resolve_role
 from lightning_langchain.routing import request_role
 from lightning_rl import semconv
+from lightning_rl.langchain_runs import response_id_of as response_id
 from lightning_rl.plugins import Bounded, ToolRuns, guarded, record_role
 from lightning_rl.tracing import current_rollout, emit_span
 
@@ -28,24 +29,6 @@ __all__ = ["LightningCallbackHandler", "response_id", "SPAN_ERROR"]
 
 SPAN_ERROR = "langchain.error"
 """Span recording an exception raised in the user's code inside a rollout (status ``error``)."""
-
-_LC_GENERATED_ID_PREFIXES = ("lc_run-", "run-")
-
-
-def response_id(response: LLMResult) -> str | None:
-    """The provider's id of the response (``chatcmpl-…`` / ``resp_…``), or None (e.g. streamed chat)."""
-    for generations in response.generations:
-        for generation in generations:
-            message: BaseMessage | None = getattr(generation, "message", None)
-            if message is None:
-                continue
-            rid = message.response_metadata.get("id")
-            if isinstance(rid, str) and rid:
-                return rid
-            if message.id and not message.id.startswith(_LC_GENERATED_ID_PREFIXES):
-                return message.id
-    rid = (response.llm_output or {}).get("id")
-    return rid if isinstance(rid, str) and rid else None
 
 
 def _tool_call_ids(response: LLMResult) -> Iterator[str]:

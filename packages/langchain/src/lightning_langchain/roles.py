@@ -1,4 +1,4 @@
-"""Labels that name the role of a runnable's model calls; core resolves them (:mod:`lightning_rl.roles`).
+"""Labels that name the role of a runnable's model calls; core resolves them (:mod:`lightning_rl.langchain_runs`).
 
 The order roles are found in (explicit label > agent name > subgraph > node) lives in core, because
 core's capture reads the same LangChain metadata from OpenInference spans; see the README's "Roles".
@@ -11,9 +11,9 @@ from typing import TypeVar
 
 from langchain_core.runnables import Runnable, RunnableLambda
 
-from lightning_rl.roles import ROLE_KEY, ROLE_TAG_PREFIX, TRAINABLE_KEY, RoleInfo, role_metadata
-from lightning_rl.roles import RoleOrigin as RoleSource
-from lightning_rl.roles import role_from_metadata as resolve_role
+from lightning_rl.langchain_runs import ROLE_KEY, ROLE_TAG_PREFIX, TRAINABLE_KEY, RoleInfo, role_metadata
+from lightning_rl.langchain_runs import RoleOrigin as RoleSource
+from lightning_rl.langchain_runs import role_from_metadata as resolve_role
 
 __all__ = [
     "ROLE_KEY",

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from lightning_rl import semconv
-from lightning_rl.roles import role_from_metadata
+from lightning_rl.langchain_runs import response_id_of, role_from_metadata
 from lightning_rl.types import Span
 
 __all__ = [
@@ -269,23 +269,6 @@ def _oi_flattened(attrs: Mapping[str, Any], direction: str) -> list[dict[str, An
     return out
 
 
-def _langchain_response_id(output: Any) -> str | None:
-    """The provider's response id in a LangChain ``LLMResult`` (``llm_output.id`` or the message's metadata)."""
-    if not isinstance(output, dict):
-        return None
-    result = cast(dict[str, Any], output)
-    llm_output = result.get("llm_output")
-    if isinstance(llm_output, dict) and isinstance(cast(dict[str, Any], llm_output).get("id"), str):
-        return cast(str, cast(dict[str, Any], llm_output)["id"])
-    try:
-        message: Any = result["generations"][0][0]["message"]
-        kwargs: Any = message.get("kwargs", message)
-        rid = kwargs["response_metadata"]["id"]
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return None
-    return rid if isinstance(rid, str) else None
-
-
 def _openinference_call(span: Span) -> CapturedCall:
     attrs = span.attributes
     request = _json(attrs.get(semconv.OI_INPUT_VALUE))
@@ -309,7 +292,7 @@ def _openinference_call(span: Span) -> CapturedCall:
     if isinstance(output, dict):
         out_map = cast(dict[str, Any], output)
         rid = out_map.get("id")
-        response_id = rid if isinstance(rid, str) and "generations" not in out_map else _langchain_response_id(out_map)
+        response_id = rid if isinstance(rid, str) and "generations" not in out_map else response_id_of(out_map)
     finish = attrs.get("llm.finish_reason")
     return CapturedCall(
         span=span,
