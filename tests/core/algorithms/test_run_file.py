@@ -11,7 +11,7 @@ import dataclasses
 import json
 import sys
 import types
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +194,7 @@ def _double_module() -> types.ModuleType:
     state: dict[str, Any] = {"loop": None, "client": None}
 
     @contextlib.contextmanager
-    def sync_session(trainable: list[str] | None, label: str = "sync") -> Iterator[None]:
+    def sync_session(trainable: list[str] | None, label: str = "sync") -> Generator[None]:
         EVENTS.append(f"enter {label} trainable={trainable}")
         try:
             yield
@@ -202,7 +202,7 @@ def _double_module() -> types.ModuleType:
             EVENTS.append(f"exit {label}")
 
     @contextlib.asynccontextmanager
-    async def async_session(config: RecordingConfig) -> AsyncIterator[None]:
+    async def async_session(config: RecordingConfig) -> AsyncGenerator[None]:
         state["loop"] = asyncio.get_running_loop()
         state["client"] = "open"
         EVENTS.append(f"enter async run_dir={Path(config.run_dir).name}")
