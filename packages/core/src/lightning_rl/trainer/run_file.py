@@ -24,8 +24,9 @@ file says where it was looked for, a bad value names its key and the expected ty
 key=value`` overrides any key by its dotted path (``--set algorithm.backend.lr=1e-3``); values are
 read as JSON when they parse (numbers, booleans, lists, ``null`` for None), else as text.
 
-A ``module:function`` value may also be a table ``{ function = "module:function", key = value, ... }``: the
-other keys are keyword arguments of the call, so ``--set warm_start.steps=5`` reaches the function too.
+A ``module:function`` value other than ``agent`` may also be a table ``{ function = "module:function",
+key = value, ... }``: the other keys are keyword arguments of the call, so ``--set warm_start.steps=5``
+reaches the function too.
 
 ``session`` is for agents whose framework must be set up around training and torn down after it: a
 plugin's ``instrument(...)``, clients that belong to an event loop. The function (given ``trainable=``
