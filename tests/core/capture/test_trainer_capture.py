@@ -77,27 +77,39 @@ async def hosted_agent(task: dict[str, Any], llm: LLM) -> float:
     return (len(reply.choices[0].message.content or "") % 5) / 4
 
 
+def _one_short_step(model: Path, run_dir: Path) -> dict[str, Any]:
+    """Trainer settings of one step of 2 tasks x 2 rollouts on the tiny policy."""
+    return {
+        "model": str(model),
+        "run_dir": str(run_dir),
+        "steps": 1,
+        "batch_size": 2,
+        "group_size": 2,
+        "max_tokens": 8,
+        "val_every": 0,
+        "tensorboard": False,
+        "progress": False,
+        "rollout_timeout_s": 60,
+    }
+
+
+def _tasks(hosted_url: str) -> list[Any]:
+    from lightning_rl.types import Task
+
+    return [Task(input={"q": f"tell me about {w}", "url": hosted_url}) for w in ("cats", "tea")]
+
+
 async def test_the_trainer_updates_the_policy_on_captured_calls(
     tmp_path: Path, hosted_url: str, tiny_model_path: Path
 ) -> None:
     from lightning_rl.backends.torch_backend import TorchBackendConfig
     from lightning_rl.trainer import Trainer, TrainerConfig
-    from lightning_rl.types import Task
 
     config = TrainerConfig(
-        model=str(tiny_model_path),
-        run_dir=str(tmp_path / "run"),
-        steps=1,
-        batch_size=2,
-        group_size=2,
-        max_tokens=8,
-        val_every=0,
-        tensorboard=False,
-        progress=False,
-        rollout_timeout_s=60,
+        **_one_short_step(tiny_model_path, tmp_path / "run"),
         backend=TorchBackendConfig(lr=1e-2, old_logprobs="recompute"),
     )
-    tasks = [Task(input={"q": f"tell me about {w}", "url": hosted_url}) for w in ("cats", "tea")]
+    tasks = _tasks(hosted_url)
     async with captured("openinference"):
         result = await asyncio.to_thread(Trainer(config).fit, hosted_agent, tasks)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -112,23 +124,9 @@ async def test_sft_from_traces_imitates_the_best_captured_calls(
 ) -> None:
     """SFT uses captured calls as they are (re-tokenised text): the best attempt per task is imitated."""
     from lightning_rl.algorithms import SFT, SFTConfig
-    from lightning_rl.types import Task
 
-    config = SFTConfig(
-        model=str(tiny_model_path),
-        run_dir=str(tmp_path / "sft"),
-        steps=1,
-        batch_size=2,
-        group_size=2,
-        max_tokens=8,
-        val_every=0,
-        tensorboard=False,
-        progress=False,
-        rollout_timeout_s=60,
-        min_reward=None,
-        top_k=1,
-    )
-    tasks = [Task(input={"q": f"tell me about {w}", "url": hosted_url}) for w in ("cats", "tea")]
+    config = SFTConfig(**_one_short_step(tiny_model_path, tmp_path / "sft"), min_reward=None, top_k=1)
+    tasks = _tasks(hosted_url)
     async with captured("openllmetry"):
         result = await asyncio.to_thread(SFT(config).fit, hosted_agent, tasks)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
