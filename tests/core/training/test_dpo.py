@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import zlib
 from pathlib import Path
 
 import pytest
@@ -97,7 +98,10 @@ def _t(rollout: str, prompt: list[int], response: list[int]) -> Transition:
 
 
 def _sample(rollout: str, group: str, reward: float, n_calls: int = 1) -> RolloutSample:
-    calls = [_t(rollout, [1, 2, k], [10 + k, hash(rollout) % 50 + 100]) for k in range(n_calls)]
+    # a response token per rollout name, the same in every process (``hash`` of a str is salted per
+    # process: 1 run in 50 gave two rollouts the same response, and identical calls are never paired)
+    token = zlib.crc32(rollout.encode()) % 10_000 + 100
+    calls = [_t(rollout, [1, 2, k], [10 + k, token]) for k in range(n_calls)]
     return RolloutSample(rollout, group, reward, calls)
 
 
