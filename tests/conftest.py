@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,19 +48,25 @@ def _probe_postgres(dsn: str) -> str | None:
     return None
 
 
+def _server_address(env: str, default: str, probe: Callable[[str], str | None]) -> str:
+    """The address in ``env`` if it answers, else ``default`` if it answers. Fails (not skips) when
+    ``env`` is set but unusable: CI sets it, and a broken server there must not pass as a skip."""
+    address = os.environ.get(env)
+    if address:
+        problem = probe(address)
+        if problem:
+            pytest.fail(f"{env} is set but unusable: {problem}")
+        return address
+    problem = probe(default)
+    if problem:
+        pytest.skip(f"{env} is unset and the default address does not work: {problem}")
+    return default
+
+
 @pytest.fixture(scope="session")
 def postgres_dsn() -> str:
-    """A PostgreSQL DSN that works. Fails (not skips) if the env var is set but unusable."""
-    dsn = os.environ.get(POSTGRES_ENV)
-    if dsn:
-        problem = _probe_postgres(dsn)
-        if problem:
-            pytest.fail(f"{POSTGRES_ENV} is set but unusable: {problem}")
-        return dsn
-    problem = _probe_postgres(DEFAULT_POSTGRES_DSN)
-    if problem:
-        pytest.skip(f"{POSTGRES_ENV} is unset and the default DSN does not work: {problem}")
-    return DEFAULT_POSTGRES_DSN
+    """A PostgreSQL DSN that works (see ``_server_address``)."""
+    return _server_address(POSTGRES_ENV, DEFAULT_POSTGRES_DSN, _probe_postgres)
 
 
 @pytest.fixture
@@ -91,17 +97,8 @@ def _probe_redis(url: str) -> str | None:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    """A Redis URL that works. Fails (not skips) if the env var is set but unusable."""
-    url = os.environ.get(REDIS_ENV)
-    if url:
-        problem = _probe_redis(url)
-        if problem:
-            pytest.fail(f"{REDIS_ENV} is set but unusable: {problem}")
-        return url
-    problem = _probe_redis(DEFAULT_REDIS_URL)
-    if problem:
-        pytest.skip(f"{REDIS_ENV} is unset and the default URL does not work: {problem}")
-    return DEFAULT_REDIS_URL
+    """A Redis URL that works (see ``_server_address``)."""
+    return _server_address(REDIS_ENV, DEFAULT_REDIS_URL, _probe_redis)
 
 
 @pytest.fixture
