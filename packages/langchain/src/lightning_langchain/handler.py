@@ -1,16 +1,14 @@
 """The LangChain callback handler: role, tool and error spans (what each holds: the README).
 
-It runs inline (``run_inline = True``), in the caller's context before LangChain goes on: that is
-how the role it sets in :data:`~lightning_langchain.routing.request_role` reaches the HTTP request,
-which attributes streamed calls (no response id to join on). A tool's error is recorded in
-``on_tool_error``, called before the exception leaves the tool, so it is kept even when it aborts
-the graph. Every callback is ``guarded``: a failure of the handler never reaches the user's graph.
+It runs inline, in the caller's context, so the role it sets in ``routing.request_role`` reaches the
+HTTP request (streamed calls have no response id to join on). ``on_tool_error`` runs before the
+exception leaves the tool, so the error is kept even when it aborts the graph. Every callback is
+``guarded``: a failure of the handler never reaches the user's graph.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from uuid import UUID
 
@@ -20,10 +18,9 @@ from langchain_core.outputs import LLMResult
 
 from lightning_langchain.roles import RoleInfo, resolve_role
 from lightning_langchain.routing import request_role
-from lightning_rl import semconv
 from lightning_rl.langchain_runs import response_id_of as response_id
-from lightning_rl.plugins import Bounded, ToolRuns, guarded, record_role
-from lightning_rl.tracing import current_rollout, emit_span
+from lightning_rl.plugins import Bounded, ToolRuns, guarded, record_error, record_role
+from lightning_rl.tracing import current_rollout
 
 __all__ = ["LightningCallbackHandler", "response_id", "SPAN_ERROR"]
 
@@ -31,26 +28,15 @@ SPAN_ERROR = "langchain.error"
 """Span recording an exception raised in the user's code inside a rollout (status ``error``)."""
 
 
-def _tool_call_ids(response: LLMResult) -> Iterator[str]:
-    for generations in response.generations:
-        for generation in generations:
-            message: Any = getattr(generation, "message", None)
-            for call in getattr(message, "tool_calls", None) or ():
-                call_id = call.get("id") if isinstance(call, Mapping) else None
-                if isinstance(call_id, str) and call_id:
-                    yield call_id
+def _tool_call_ids(response: LLMResult) -> list[str]:
+    messages: list[Any] = [getattr(g, "message", None) for gs in response.generations for g in gs]
+    calls: list[Any] = [c for m in messages for c in getattr(m, "tool_calls", None) or ()]
+    return [i for c in calls if isinstance(c, Mapping) and isinstance(i := c.get("id"), str) and i]
 
 
 def _role_of(callback_kwargs: Mapping[str, Any]) -> RoleInfo:
     """The role of a run from the ``metadata`` and ``tags`` (inherited by the run) LangChain passes a callback."""
     return resolve_role(callback_kwargs.get("metadata"), callback_kwargs.get("tags"))
-
-
-def _json(value: Any) -> str:
-    try:
-        return json.dumps(value, default=str)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def _is_control_flow(error: BaseException) -> bool:
@@ -136,8 +122,9 @@ class LightningCallbackHandler(BaseCallbackHandler):
             role = _role_of(kwargs).role
         name = str((serialized or {}).get("name") or "tool")
         inputs = kwargs.get("inputs")
-        arguments = _json(inputs) if inputs is not None else input_str
-        self._tool_runs.start(run_id, name, call_id=call_id, role=role, arguments=arguments)
+        self._tool_runs.start(
+            run_id, name, call_id=call_id, role=role, arguments=input_str if inputs is None else inputs
+        )
 
     @guarded
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
@@ -147,10 +134,10 @@ class LightningCallbackHandler(BaseCallbackHandler):
         call_id, error, text = None, None, output
         if isinstance(output, ToolMessage):
             call_id = output.tool_call_id or None
-            text = output.content if isinstance(output.content, str) else _json(output.content)
+            text = output.content
             if output.status == "error":  # a tool that handles its own errors (handle_tool_error=...)
-                error = text or "tool error"
-        self._tool_runs.end(run, error=error, output=text if isinstance(text, str) else _json(text), call_id=call_id)
+                error = str(text or "tool error")
+        self._tool_runs.end(run, error=error, output=text, call_id=call_id)
 
     @guarded
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
@@ -176,13 +163,6 @@ class LightningCallbackHandler(BaseCallbackHandler):
         if info is None or not self._active() or _is_control_flow(error) or self._recorded.get(id(error)) is error:
             return
         self._recorded.put(id(error), error)  # recorded once, by the innermost run it passes through
-        attrs: dict[str, Any] = {
-            "error.type": type(error).__qualname__,
-            "exception.message": str(error)[:2000],
-            "langchain.run_id": str(run_id),
-        }
-        if info.role is not None:
-            attrs[semconv.ROLE] = info.role
-        if info.agent_name is not None:
-            attrs[semconv.GEN_AI_AGENT_NAME] = info.agent_name
-        emit_span(SPAN_ERROR, attrs, status="error", status_message=f"{type(error).__name__}: {error}"[:500])
+        record_error(
+            SPAN_ERROR, error, role=info.role, agent_name=info.agent_name, attributes={"langchain.run_id": str(run_id)}
+        )

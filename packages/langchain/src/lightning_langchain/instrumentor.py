@@ -1,11 +1,9 @@
 """``LangChainInstrumentor``: one call makes every LangChain/LangGraph run in the process trainable.
 
-It installs, on the plugin's install handle, the callback handler and the ``ChatOpenAI`` routing
-(:mod:`lightning_langchain.routing`). The handler goes in through LangChain's configure hook, in a
-context variable whose *default* is the handler, so every run in every thread and task gets it,
-including those started before ``instrument()``. LangChain has no public way to unregister the hook:
-the undo removes it from the private ``_configure_hooks`` list and also disables the handler, so the
-handler stops even should that list change shape.
+It installs the callback handler and the ``ChatOpenAI`` routing on the plugin's install handle. The
+handler is the *default* of a context variable given to LangChain's configure hook, so every run in
+every thread gets it. There is no public way to unregister the hook: the undo edits the private
+``_configure_hooks`` list and disables the handler, which stops it even should that list change.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Route ``ChatOpenAI`` calls made inside a rollout to that rollout's gateway URL.
 
-Users build their ``ChatOpenAI`` once, often at import time, and rollouts share it, so each request
-is rewritten on its way out by core's routing hook (:meth:`lightning_rl.plugins.Patches.hook_client`).
-The hook goes on lazily: ``BaseChatOpenAI``'s generation methods, which every kind of call passes
-through, hook the model's httpx clients the first time it is used inside a rollout (models built
-before ``instrument()`` too). The role comes from :data:`request_role`, set by the inline callback
-handler; with it in the URL the gateway attributes streamed calls, whose messages carry no id.
+A ``ChatOpenAI`` is built once and shared by rollouts, so core's routing hook (``Patches.hook_client``)
+rewrites each request on its way out. ``BaseChatOpenAI``'s generation methods hook a model's httpx
+clients the first time it is used in a rollout. The role comes from :data:`request_role` (set by the
+inline callback handler); in the URL, it lets the gateway attribute streamed calls, which carry no id.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from lightning_rl.plugins.base import Instrumentor, framework_version, version_in_range
 from lightning_rl.plugins.patches import Patches, http_client_of
-from lightning_rl.plugins.record import PluginFailures, guarded, record_role, record_tool
+from lightning_rl.plugins.record import PluginFailures, guarded, record_error, record_role, record_tool
 from lightning_rl.plugins.registry import (
     ENTRY_POINT_GROUP,
     PluginInfo,
@@ -46,6 +46,7 @@ __all__ = [
     "http_client_of",
     "record_role",
     "record_tool",
+    "record_error",
     "guarded",
     "PluginFailures",
     "Bounded",

@@ -15,6 +15,7 @@ at debug level and skipped, while the user's own exceptions pass through untouch
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from lightning_rl import semconv
 from lightning_rl.tracing import emit_span
 from lightning_rl.types import Span
 
-__all__ = ["record_role", "record_tool", "guarded", "PluginFailures"]
+__all__ = ["record_role", "record_tool", "record_error", "guarded", "PluginFailures"]
 
 _log = logging.getLogger("lightning_rl.plugins")
 
@@ -80,6 +81,39 @@ def record_role(
     return emit_span(semconv.SPAN_AGENT, attrs)
 
 
+def record_error(
+    name: str,
+    error: BaseException,
+    *,
+    role: str | None = None,
+    agent_name: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Span | None:
+    """Record an exception raised by the user's code inside a rollout as span ``name`` (status ``error``).
+
+    The message is cut to 2,000 characters (the status message to 500): a stack of nested framework
+    errors can repeat a whole prompt, and the span is for finding the failure, not archiving it."""
+    attrs: dict[str, Any] = {
+        "error.type": type(error).__qualname__,
+        "exception.message": str(error)[:2000],
+        **(attributes or {}),
+    }
+    if role is not None:
+        attrs[semconv.ROLE] = role
+    if agent_name is not None:
+        attrs[semconv.GEN_AI_AGENT_NAME] = agent_name
+    return emit_span(name, attrs, status="error", status_message=_error_text(error)[:500])
+
+
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def _error_text(error: BaseException | str) -> str:
     return f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
 
@@ -90,8 +124,8 @@ def record_tool(
     call_id: str | None = None,
     role: str | None = None,
     error: BaseException | str | None = None,
-    arguments: str | None = None,
-    output: str | None = None,
+    arguments: object = None,
+    output: object = None,
     start_ns: int | None = None,
     end_ns: int | None = None,
     attributes: Mapping[str, Any] | None = None,
@@ -100,7 +134,8 @@ def record_tool(
 
     ``call_id`` is the tool-call id from the model's response; without it the signal attaches to
     the latest earlier call of ``role``, and the span says so (``lightning.tool.joined_by``).
-    Outside a rollout: a no-op (None).
+    ``arguments`` and ``output`` that are not strings are written as JSON (``str()`` when they are not
+    serialisable): frameworks hand over dicts, lists and message contents. Outside a rollout: a no-op (None).
     """
     attrs: dict[str, Any] = dict(attributes or {})
     attrs[semconv.GEN_AI_TOOL_NAME] = name
@@ -113,9 +148,9 @@ def record_tool(
     if error is not None:
         attrs[semconv.TOOL_ERROR] = _error_text(error)[:2000]
     if arguments is not None:
-        attrs["gen_ai.tool.call.arguments"] = arguments[:4000]
+        attrs["gen_ai.tool.call.arguments"] = _text(arguments)[:4000]
     if output is not None:
-        attrs["gen_ai.tool.call.result"] = output[:4000]
+        attrs["gen_ai.tool.call.result"] = _text(output)[:4000]
     end = end_ns or time.time_ns()
     return emit_span(
         semconv.SPAN_TOOL,

@@ -60,7 +60,7 @@ class ToolRun:
     name: str
     call_id: str | None
     role: str | None
-    arguments: str | None
+    arguments: object
     start_ns: int
 
 
@@ -71,7 +71,7 @@ class ToolRuns(Generic[K]):
         self._runs: Bounded[K, ToolRun] = Bounded(limit)
 
     def start(
-        self, key: K, name: str, *, call_id: str | None = None, role: str | None = None, arguments: str | None = None
+        self, key: K, name: str, *, call_id: str | None = None, role: str | None = None, arguments: object = None
     ) -> None:
         """Remember that the tool ``name`` started now."""
         self._runs.put(key, ToolRun(name, call_id, role, arguments, time.time_ns()))
@@ -85,7 +85,7 @@ class ToolRuns(Generic[K]):
         run: ToolRun,
         *,
         error: BaseException | str | None = None,
-        output: str | None = None,
+        output: object = None,
         call_id: str | None = None,
     ) -> Span | None:
         """Record ``run`` (from :meth:`pop`) as ended with ``output`` or ``error``; ``call_id`` fills in
