@@ -116,7 +116,7 @@ def test_greedy_exact_match_is_what_greedy_decoding_reproduces() -> None:
 def test_warm_start_progress_prints_periodic_lines_without_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
 
-    from lightning_rl.demo.progress import WarmStartProgress
+    from lightning_rl.trainer.warm_start_progress import WarmStartProgress
 
     with WarmStartProgress(3, console=Console(force_terminal=False), every_s=0.0) as bar:
         for step in range(3):

@@ -8,7 +8,6 @@ the model's own chat template, and training runs the unchanged ``calculator_agen
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,8 +23,14 @@ from lightning_rl.demo.calculator import (
     make_tasks,
     reporting_demonstrations,
 )
-from lightning_rl.demo.progress import WarmStartProgress
 from lightning_rl.trainer import Trainer, TrainerConfig, TrainResult
+from lightning_rl.trainer.staged_warm_start import (
+    StagedWarmStartConfig,
+    first_token_probability,
+    greedy_exact_match,
+    staged_warm_start,
+)
+from lightning_rl.trainer.warm_start import ChatDemo
 from lightning_rl.types import Task
 
 __all__ = [
@@ -122,171 +127,47 @@ class DemoResult:
     train: TrainResult
 
 
-Example = tuple[list[int], list[int]]
-
-
-def greedy_exact_match(model: Any, examples: Sequence[Example], pad_id: int) -> float:
-    """Fraction of (prompt, completion) pairs that greedy decoding reproduces token for token.
-
-    Teacher-forced argmax over the completion equals greedy decoding whenever every position matches, so one
-    no-grad forward pass answers what a generation loop would."""
-    import torch
-
-    from lightning_rl.backends.torch_backend import pack_micro_batches
-
-    if not examples:
-        return float("nan")
-    hits = 0
-    was_training = bool(model.training)
-    model.eval()
-    with torch.no_grad():
-        for mb in pack_micro_batches(examples, 16_384, pad_id):
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            for row, (p, r) in enumerate(zip(mb.prompt_lens, mb.response_lens, strict=True)):
-                predicted = logits[row, p - 1 : p - 1 + r].argmax(-1)
-                hits += bool(torch.equal(predicted, mb.input_ids[row, p : p + r]))
-    model.train(was_training)
-    return hits / len(examples)
-
-
-def first_token_probability(model: Any, prompts: Sequence[list[int]], token_id: int) -> tuple[float, float]:
-    """How much the policy starts with ``token_id``: (mean probability at temperature 1, fraction of
-    prompts where it is the greedy choice)."""
-    import torch
-
-    from lightning_rl.backends.torch_backend import pack_micro_batches
-
-    was_training = bool(model.training)
-    model.eval()
-    total, argmax = 0.0, 0
-    with torch.no_grad():
-        for mb in pack_micro_batches([(p, [token_id]) for p in prompts], 16_384, 0):
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            for row, p in enumerate(mb.prompt_lens):
-                total += float(logits[row, p - 1].float().softmax(-1)[token_id])
-                argmax += int(logits[row, p - 1].argmax()) == token_id
-    model.train(was_training)
-    n = max(len(prompts), 1)
-    return total / n, argmax / n
-
-
 def warm_start(
     model_dir: Path, out_dir: Path, cfg: DemoConfig, tasks: Sequence[Task], probe_tasks: Sequence[Task] = ()
 ) -> Path:
     """Supervised warm-start on synthetic demonstrations of ``tasks``; saves an HF folder at ``out_dir``.
 
-    Phase 1 teaches the format and the skill (call the tool with the right operation, report the
-    tool's result) from an expert, until greedy decoding passes the skill probe on ``probe_tasks``
-    (tasks outside the training and held-out sets) or ``expert_steps`` run out; phase 2 fine-tunes
-    briefly on a sloppy demonstrator who mostly answers from memory. The result knows how to use its
-    tool but rarely does: the imperfect base RL fixes. ``warm_start.json`` records the skills.
+    The staged warm start (``lightning_rl.trainer.staged_warm_start``): phase 1 teaches the format and
+    the skill (call the tool with the right operation, report the tool's result) from an expert, until
+    greedy decoding passes the skill probe on ``probe_tasks`` (tasks outside the training and held-out
+    sets); phase 2 fine-tunes briefly on a sloppy demonstrator who mostly answers from memory. The
+    result knows how to use its tool but rarely does: the imperfect base RL fixes.
     """
-    from transformers import AutoModelForCausalLM
 
-    from lightning_rl.backends.torch_backend import TorchBackend
-    from lightning_rl.engine.hf import TransformersEngine
+    def chats(demos: Sequence[Demonstration]) -> list[ChatDemo]:
+        return [(d.messages, [CALCULATOR_TOOL], d.completion) for d in demos]
 
-    engine = TransformersEngine.from_pretrained(model_dir)
-    try:
-        tokenizer = engine.tokenizer
-        eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        tool_token = tokenizer.convert_tokens_to_ids("<tool_call>")
-        pad = int(tokenizer.pad_token_id or 0)
-
-        def encode(demos: Sequence[Demonstration]) -> list[Example]:
-            return [
-                (
-                    engine.encode_chat(d.messages, [CALCULATOR_TOOL]),
-                    [*tokenizer.encode(d.completion, add_special_tokens=False), eos],
-                )
-                for d in demos
-            ]
-
-        calls = encode(demonstrations(tasks, tool_rate=1.0, seed=cfg.seed)[0::2])
-        reports = encode(reporting_demonstrations(tasks, per_task=cfg.report_per_task, seed=cfg.seed))
-        expert = calls + reports
-        sloppy = encode(demonstrations(tasks, tool_rate=cfg.habit_tool_rate, seed=cfg.seed + 1))
-        probe = encode(demonstrations(probe_tasks, tool_rate=1.0, seed=cfg.seed + 2)) if probe_tasks else []
-        probe_calls, probe_reports = probe[0::2], probe[1::2]
-
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-        backend = TorchBackend(model, TorchBackendConfig(lr=cfg.sft_lr, seed=cfg.seed, track_kl=False))
-        total = cfg.expert_steps + cfg.polish_steps + cfg.habit_steps
-        skills: dict[str, float] = {}
-        losses: list[float] = []
-
-        def probe_skills() -> dict[str, float]:
-            if not probe:
-                return {}
-            return {
-                "tool_call": greedy_exact_match(model, probe_calls, pad),
-                "report": greedy_exact_match(model, probe_reports, pad),
-                "p_tool_call": first_token_probability(model, [p for p, _ in probe_calls], tool_token)[0],
-            }
-
-        with WarmStartProgress(total, enabled=cfg.progress) as bar:
-            # phase 1: expert demonstrations at a constant rate, until the copying skill has formed
-            done = 0
-            while done < cfg.expert_steps:
-                chunk = min(cfg.probe_every, cfg.expert_steps - done)
-                losses += backend.sft(
-                    expert,
-                    steps=chunk,
-                    batch_size=cfg.sft_batch_size,
-                    warmup_steps=20 if done == 0 else 0,
-                    on_step=bar.on_step,
-                )
-                done += chunk
-                skills = probe_skills()
-                bar.note_skills({k: v for k, v in skills.items() if k != "p_tool_call"})
-                if skills and min(skills["tool_call"], skills["report"]) >= cfg.skill_target:
-                    break
-            bar.skip(cfg.expert_steps - done)
-            # phase 1b: the same data with the rate decaying, to make the new skill steady
-            if cfg.polish_steps:
-                losses += backend.sft(
-                    expert,
-                    steps=cfg.polish_steps,
-                    batch_size=cfg.sft_batch_size,
-                    final_lr_fraction=0.1,
-                    on_step=bar.on_step,
-                )
-            polished = probe_skills()
-            # phase 2: the habit of answering from memory
-            habit = TorchBackend(model, TorchBackendConfig(lr=cfg.habit_lr, seed=cfg.seed + 1, track_kl=False))
-            habit_done = 0
-            while habit_done < cfg.habit_steps:
-                chunk = min(cfg.habit_every, cfg.habit_steps - habit_done)
-                losses += habit.sft(sloppy, steps=chunk, batch_size=cfg.sft_batch_size, on_step=bar.on_step)
-                habit_done += chunk
-                if habit_done >= cfg.habit_min_steps and probe_calls:
-                    mean_p, greedy = first_token_probability(model, [p for p, _ in probe_calls], tool_token)
-                    if mean_p <= cfg.habit_target and greedy <= cfg.habit_greedy_target:
-                        break
-            bar.skip(cfg.habit_steps - habit_done)
-        after = {
-            "expert_steps": float(done),
-            "habit_steps": float(habit_done),
-            **{f"formed/{k}": v for k, v in skills.items()},
-            **{f"polished/{k}": v for k, v in polished.items()},
-            **{f"base/{k}": v for k, v in probe_skills().items()},
-        }
-        out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-    finally:
-        engine.close()
-    (out_dir / "warm_start.json").write_text(
-        json.dumps({"final_losses": losses[-10:], "examples": len(expert), "skills": after}, indent=2)
+    probe = chats(demonstrations(probe_tasks, tool_rate=1.0, seed=cfg.seed + 2)) if probe_tasks else []
+    staged_warm_start(
+        model_dir,
+        out_dir,
+        expert=chats(demonstrations(tasks, tool_rate=1.0, seed=cfg.seed)[0::2])
+        + chats(reporting_demonstrations(tasks, per_task=cfg.report_per_task, seed=cfg.seed)),
+        sloppy=chats(demonstrations(tasks, tool_rate=cfg.habit_tool_rate, seed=cfg.seed + 1)),
+        probes={"tool_call": probe[0::2], "report": probe[1::2]},
+        habit_prompts=probe[0::2],
+        config=StagedWarmStartConfig(
+            seed=cfg.seed,
+            expert_steps=cfg.expert_steps,
+            skill_target=cfg.skill_target,
+            probe_every=cfg.probe_every,
+            polish_steps=cfg.polish_steps,
+            habit_steps=cfg.habit_steps,
+            habit_target=cfg.habit_target,
+            habit_greedy_target=cfg.habit_greedy_target,
+            habit_min_steps=cfg.habit_min_steps,
+            habit_every=cfg.habit_every,
+            batch_size=cfg.sft_batch_size,
+            lr=cfg.sft_lr,
+            habit_lr=cfg.habit_lr,
+            progress=cfg.progress,
+        ),
     )
-    if cfg.progress and probe:
-        print(
-            f"warm-start done after {done} + {cfg.polish_steps} expert steps: tool call "
-            f"{after['polished/tool_call']:.2f}, report {after['polished/report']:.2f} (greedy, probe tasks); "
-            f"after the habit phase it calls its tool first with p={after['base/p_tool_call']:.2f}, "
-            f"report {after['base/report']:.2f}",
-            flush=True,
-        )
     return out_dir
 
 

@@ -1,4 +1,4 @@
-"""Progress of the demo's warm start: a bar on a terminal, periodic lines anywhere else.
+"""Progress of a warm start (the demo's, the examples'): a bar on a terminal, periodic lines anywhere else.
 
 The warm start is the longest silent phase of the demo (minutes on 2 cores). On a terminal a rich bar
 shows steps, loss and time left; when output goes to a file or a CI log (no terminal, so a bar would be
