@@ -41,6 +41,7 @@ from lightning_rl.trainer.metrics import (
     tool_call_metrics,
 )
 from lightning_rl.trainer.progress import StepProgress
+from lightning_rl.trainer.role_metrics import RoleCall, role_calls, role_metrics
 from lightning_rl.trainer.services import Services, start_services
 from lightning_rl.trainer.update_rules import UpdateRule, make_update_rule
 from lightning_rl.types import (
@@ -71,6 +72,8 @@ class _Collected:
     response_tokens: int = 0
     """Summed over the trainable calls (the transitions), as is ``n_responses``."""
     n_responses: int = 0
+    role_calls: list[RoleCall] = field(default_factory=list[RoleCall])
+    """Every model call of the scored rollouts, trainable or not, for the per-role view."""
 
     def rollout_metrics(self, prefix: str) -> dict[str, float]:
         """Tool-use rates and the mean response length of the scored rollouts, under ``prefix/``."""
@@ -114,6 +117,7 @@ async def collect_samples(
         out.n_truncated += adapted.n_truncated
         out.response_tokens += sum(len(t.response_ids) for t in adapted.transitions)
         out.n_responses += len(adapted.transitions)
+        out.role_calls += role_calls(rollout, attempt.id, spans, adapted, air=air)
         out.samples.append(RolloutSample(rollout.id, rollout.group_id or rollout.id, reward, adapted.transitions))
     return out
 
@@ -254,6 +258,7 @@ class Trainer:
             **collected.rollout_metrics("train"),
             "train/untrainable_calls": float(collected.n_untrainable),
             "train/truncated_calls": float(collected.n_truncated),
+            **role_metrics("train", collected.role_calls),
             "train/rollout_s": t_rollouts,
             "train/rollout_tokens_per_s": collected.response_tokens / t_rollouts if t_rollouts > 0 else 0.0,
             "train/step_s": time.perf_counter() - t0,
@@ -281,7 +286,8 @@ class Trainer:
         ]
         await svc.store.enqueue(requests)
         finished = await self._wait(svc, [r.id for r in requests])
-        collected = await collect_samples(svc.store, finished, trainable=self.trainable, air={})
+        # AIR trains nothing here; it feeds the per-role view (val/role/<role>/air_mean)
+        collected = await collect_samples(svc.store, finished, trainable=self.trainable, air=cfg.air)
         mean = statistics.fmean(collected.rewards) if collected.rewards else float("nan")
         metrics.log(
             {
@@ -292,6 +298,7 @@ class Trainer:
                 "val/tool_call_rate": tool_call_metrics("val", collected.rewards, collected.used_tool)[
                     "val/tool_call_rate"
                 ],
+                **role_metrics("val", collected.role_calls, trained_name="trainable_transitions"),
             }
         )
         bar.note(f"[bold]step {step}[/] held-out reward {mean:.3f} over {len(collected.rewards)} tasks")
