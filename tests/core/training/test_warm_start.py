@@ -25,3 +25,53 @@ def test_sft_on_chats_lowers_the_loss_and_saves_a_loadable_model(tmp_path: Path,
 def test_no_demonstrations_is_a_clear_error(tmp_path: Path, tiny_model_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one example"):
         sft_on_chats(tiny_model_path, tmp_path / "ws", [], steps=1)
+
+
+def test_the_staged_warm_start_forms_the_skill_then_the_habit(tmp_path: Path, tiny_model_path: Path) -> None:
+    """Phase 1 stops once greedy decoding reproduces the probes; the habit phase then drives the
+    policy's first-token probability of the tool call down below its target."""
+    from lightning_rl.trainer.staged_warm_start import StagedWarmStartConfig, staged_warm_start
+
+    def ask(w: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"colour {w}"}]
+
+    words = ("red", "blue", "green", "gold", "grey", "pink")
+    expert = [(ask(w), TOOLS, f'<tool_call>{{"name": "add", "arguments": {{}}}}</tool_call>{w}') for w in words]
+    sloppy = [(ask(w), TOOLS, f"it is {w}") for w in words]
+    config = StagedWarmStartConfig(
+        expert_steps=300, probe_every=25, polish_steps=10, habit_steps=200, habit_min_steps=10, batch_size=6,
+        lr=3e-3, habit_lr=3e-3, progress=False,
+    )  # fmt: skip
+    done = staged_warm_start(
+        tiny_model_path,
+        tmp_path / "ws",
+        expert=expert,
+        sloppy=sloppy,
+        probes={"tool_call": expert[:3]},
+        habit_prompts=expert,
+        config=config,
+    )
+    skills = done.skills
+    assert skills["formed/tool_call"] >= config.skill_target and done.expert_steps < config.expert_steps
+    assert skills["polished/p_tool_call"] > 0.5 and skills["base/p_tool_call"] <= config.habit_target
+    assert done.habit_steps < config.habit_steps
+    assert AutoModelForCausalLM.from_pretrained(done.model_dir) is not None
+    assert (done.model_dir / "warm_start.json").is_file()
+
+
+def test_the_staged_warm_start_refuses_what_it_cannot_use(tmp_path: Path, tiny_model_path: Path) -> None:
+    from lightning_rl.trainer.staged_warm_start import StagedWarmStartConfig, staged_warm_start
+
+    demo = ([{"role": "user", "content": "hi"}], None, "hello")
+    with pytest.raises(ValueError, match="expert and sloppy"):
+        staged_warm_start(tiny_model_path, tmp_path / "a", expert=[demo], sloppy=[], probes={}, habit_prompts=[])
+    with pytest.raises(ValueError, match="no '<nothing-like-this>' token"):
+        staged_warm_start(
+            tiny_model_path,
+            tmp_path / "b",
+            expert=[demo],
+            sloppy=[demo],
+            probes={},
+            habit_prompts=[],
+            config=StagedWarmStartConfig(tool_token="<nothing-like-this>", progress=False),
+        )
