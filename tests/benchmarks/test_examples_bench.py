@@ -1,0 +1,246 @@
+"""benchmarks/examples.py: the tables, verdicts and README blocks it renders, and how it runs and
+records train.py processes.
+
+A real example run takes minutes (a 1-step calc_agent run took over 2 minutes on the 2 loaded
+cores this was written on), so nothing here trains. The rendering is tested on a synthetic
+``results.json`` written below (the fixture: the figures in it are made up), and the runner on
+fixture ``train.py`` scripts in a temporary repository root that follow the examples' command-line
+contract: one learns, one hangs (killed at the timeout), one exits with an error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "examples.py"
+BEGIN, END = "<!-- benchmarks/examples.py:begin -->", "<!-- benchmarks/examples.py:end -->"
+
+
+def _module() -> ModuleType:
+    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling _common
+    try:
+        spec = importlib.util.spec_from_file_location("bench_examples_under_test", SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+
+def _rows(before: float, after: float, n_val: int, errors: list[float], *, seed: int) -> list[dict[str, Any]]:
+    """metrics.jsonl rows as the trainer writes them: validation at step 0 and after the last step,
+    training rows with per-role keys (the solver trains, the writer is frozen)."""
+
+    def val(step: int, reward: float, solver_errors: float) -> dict[str, Any]:
+        row = {"step": float(step), "val/reward_mean": reward, "val/n_rollouts": float(n_val)}
+        row |= {"val/role/solver/calls": 20.0, "val/role/solver/tool_error_rate": solver_errors}
+        return row | {"val/role/writer/calls": 20.0, "val/role/writer/tool_error_rate": 0.0}
+
+    rows: list[dict[str, Any]] = [val(0, before, errors[0])]
+    for step, err in enumerate(errors, 1):
+        rows.append(
+            {
+                "step": float(step),
+                "train/reward_mean": before + (after - before) * step / len(errors),
+                "train/role/solver/calls": 10.0,
+                "train/role/solver/trained_transitions": 8.0,
+                "train/role/solver/air_mean": -0.1 * err,
+                "train/role/solver/tool_error_rate": err,
+                "train/role/solver/tool_call_rate": 0.5 + 0.1 * step,
+                "train/role/writer/calls": 4.0,
+                "train/role/writer/trained_transitions": 0.0,
+                "train/role/writer/air_mean": float("nan"),
+                "train/role/writer/tool_error_rate": float("nan"),
+                "seed": seed,
+            }
+        )
+    rows.append(val(len(errors), after, errors[-1]))
+    return rows
+
+
+def _run(example: str, seed: int, air: bool, rows: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+    run = {"example": example, "seed": seed, "air": air, "command": ["python", "train.py"], "returncode": 0}
+    run |= {"wall_s": 240.0 + seed, "error": None, "log": "", "rows": rows, "warm_start": None}
+    return {"run": run | kw}
+
+
+def _payload() -> dict[str, Any]:
+    runs = [_run("calc_agent", s, True, _rows(0.1, 0.55 + 0.1 * s, 120, [0.4, 0.3, 0.1], seed=s)) for s in range(3)]
+    runs += [_run("calc_agent", s, False, _rows(0.1, 0.3, 120, [0.4, 0.4, 0.35], seed=s)) for s in range(3)]
+    runs += [
+        _run("crew_agent", 0, True, _rows(0.2, 0.3, 8, [0.2, 0.2], seed=0), wall_s=700.0),
+        _run("crew_agent", 1, True, [], returncode=1, error="exit 1, see crew.log"),
+    ]
+    header = {
+        "date": "2000-01-01 00:00 UTC",
+        "commit": "fixture",
+        "command": "uv run python benchmarks/examples.py --fixture",
+        "machine": "a test CPU, 2 cores, Python 3",
+        "threads": 2,
+        "parallel": 1,
+        "threads_note": "1 run(s) at once, OMP_NUM_THREADS=2 each",
+    }
+    return {"header": header, "examples": ["calc_agent", "crew_agent"], "runs": runs}
+
+
+def _fake_repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    for name in ("calc_agent", "crew_agent"):
+        (root / "examples" / name).mkdir(parents=True)
+    (root / "benchmarks").mkdir()
+    (root / "examples" / "calc_agent" / "README.md").write_text(
+        f"# Calc\n\nintro\n\n{BEGIN}\nold numbers\n{END}\n\nafter\n"
+    )
+    (root / "examples" / "crew_agent" / "README.md").write_text("# Crew\n\nno markers here\n")
+    (root / "benchmarks" / "README.md").write_text(
+        "# Benchmarks\n\n## Examples\n\n### calc_agent\n\n<!-- benchmarks/examples.py:calc_agent:begin -->\n"
+        "<!-- benchmarks/examples.py:calc_agent:end -->\n\n## Next section\n"
+    )
+    return root
+
+
+def _script(*args: str, timeout: float = 50) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+
+
+def test_summary_and_verdict_from_rows() -> None:
+    m = _module()
+    payload = _payload()
+    runs = [m.Run(**r["run"]) for r in payload["runs"]]
+    s = m.summary(runs[0])
+    assert (s["before"], s["after"], s["n_held_out"]) == (0.1, 0.55, 120)
+    assert abs(s["gain"] - 0.45) < 1e-9
+    assert (s["tool_error_first"], s["tool_error_last"], s["first_step"], s["last_step"]) == (0.4, 0.1, 1, 3)
+    # held-out: the per-role rates weighted by calls (the writer's 20 calls had no errors)
+    assert (s["val_tool_error_before"], s["val_tool_error_after"]) == (0.2, 0.05)
+    solver, writer = s["roles"]["solver"], s["roles"]["writer"]
+    assert solver["calls"] == 30 and solver["trained_transitions"] == 24
+    assert abs(solver["air_mean"] - (-0.1 * (0.4 + 0.3 + 0.1) / 3)) < 1e-9
+    assert writer["trained_transitions"] == 0 and writer["air_mean"] is None  # NaN = no data, not a value
+    assert m.verdict(runs[:3]) == (True, [])
+    met, misses = m.verdict([r for r in runs if r.example == "crew_agent"])
+    assert not met
+    text = "; ".join(misses)
+    assert "seed(s) 1 did not finish" in text and "1 seed(s) finished" in text
+    assert "gain below +0.3 (+0.10)" in text and "8 held-out tasks" in text and "over 10 min (11.7 min)" in text
+
+
+def test_paste_renders_tables_and_writes_readmes(tmp_path: Path) -> None:
+    root = _fake_repo(tmp_path)
+    results = tmp_path / "out" / "results.json"
+    results.parent.mkdir()
+    results.write_text(json.dumps(_payload()))
+    proc = _script("--paste", str(results), "--write-readmes", "--repo-root", str(root))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (tmp_path / "out" / "examples.md").read_text()
+    assert md.strip() in proc.stdout
+    assert (
+        "Generated 2000-01-01 00:00 UTC at commit `fixture` by `uv run python benchmarks/examples.py --fixture`" in md
+    )
+    assert "| 0 | 0.10 | 0.55 | **+0.45** | 4.0 min | 120 |" in md
+    assert "mean **+0.55**, min **+0.45**" in md
+    assert "): **met**." in md  # calc_agent
+    assert "**not met**: seed(s) 1 did not finish" in md  # crew_agent
+    assert "| 1 | — | — | **failed**: exit 1, see crew.log |" in md
+    assert "| solver | yes | 30 | 24 | -0.027 | 0.40 → 0.10 | 0.60 → 0.80 |" in md
+    assert "| writer | no | 12 | 0 | — | — | — |" in md
+    assert "| 2 | off | 0.10 | 0.30 | +0.20 | 0.40 → 0.35 | 0.20 → 0.17 |" in md
+    assert (
+        "with AIR mean gain **+0.55** (min +0.45), tool-error rate at the last step 0.10, held-out after training "
+        "0.05; without mean gain **+0.20** (min +0.20), tool-error rate at the last step 0.35, held-out after"
+    ) in md
+
+    calc = (root / "examples" / "calc_agent" / "README.md").read_text()
+    assert calc.startswith("# Calc\n\nintro\n\n" + BEGIN) and calc.endswith(END + "\n\nafter\n")
+    assert "old numbers" not in calc and "**+0.45**" in calc and "](learning.png)" in calc
+    assert (root / "examples" / "calc_agent" / "learning.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "calc_agent" / "learning.png").exists()
+    crew = (root / "examples" / "crew_agent" / "README.md").read_text()
+    assert crew.startswith("# Crew\n\nno markers here\n\n## Measured\n\n" + BEGIN) and crew.endswith(END + "\n")
+    bench = (root / "benchmarks" / "README.md").read_text()
+    assert "](../examples/calc_agent/learning.png)" in bench and bench.endswith("## Next section\n")
+    assert bench.index("### calc_agent") < bench.index("**+0.45**") < bench.index("## Next section")
+    # crew_agent had no block yet: it goes after the last example block, still inside the section
+    assert bench.index("examples.py:calc_agent:end") < bench.index("### crew_agent\n\n<!-- benchmarks/examples.py:crew")
+
+    before = {p: p.read_text() for p in root.rglob("*.md")}
+    again = _script("--paste", str(results), "--write-readmes", "--repo-root", str(root), "--examples", "calc_agent")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {p: p.read_text() for p in root.rglob("*.md")} == before  # pasting is idempotent
+    assert "## crew_agent" not in again.stdout
+
+
+FIXTURE_TRAIN = '''
+"""Fixture for tests/benchmarks/test_examples_bench.py: follows the examples' train.py contract."""
+import argparse, json, os, pathlib, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--seed", type=int); p.add_argument("--out"); p.add_argument("--quiet", action="store_true")
+p.add_argument("--tool-error-reward", type=float, default=-0.1); p.add_argument("--bonus", type=float, default=0.0)
+a = p.parse_args()
+if MODE == "hang":
+    time.sleep(120)
+if MODE == "crash":
+    sys.exit(2)
+out = pathlib.Path(a.out); (out / "warm_start").mkdir(parents=True)
+(out / "warm_start" / "warm_start.json").write_text(json.dumps({"steps": 3}))
+after = 0.4 + a.bonus + (0.1 if a.tool_error_reward else 0.0) + 0.01 * a.seed
+rows = [{"step": 0, "val/reward_mean": 0.05, "val/n_rollouts": 100, "omp": os.environ["OMP_NUM_THREADS"]},
+        {"step": 1, "train/reward_mean": 0.3, "train/tool_error_rate": 0.5},
+        {"step": 2, "train/reward_mean": 0.4, "train/tool_error_rate": 0.2 if a.tool_error_reward else 0.45},
+        {"step": 2, "val/reward_mean": after, "val/n_rollouts": 100}]
+(out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+'''
+
+
+def test_runs_record_success_timeout_and_crash(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    for name, mode in (("calc_agent", "learn"), ("crew_agent", "hang"), ("sql_agent", "crash")):
+        (root / "examples" / name).mkdir(parents=True)
+        (root / "examples" / name / "train.py").write_text(f"MODE = {mode!r}\n" + textwrap.dedent(FIXTURE_TRAIN))
+        (root / "examples" / name / "README.md").write_text("untouched\n")
+    out = tmp_path / "out"
+    args = ["--examples", "calc_agent,crew_agent,sql_agent", "--seeds", "0-1", "--air-ablation", "calc_agent"]
+    args += ["--parallel", "2", "--threads", "1", "--timeout-min", "0.05", "--out", str(out), "--write-readmes"]
+    args += ["--extra-args", "calc_agent=--bonus 0.2", "--repo-root", str(root)]
+    proc = _script(*args)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # two examples failed
+    assert "READMEs left alone" in proc.stderr
+    assert all((root / "examples" / n / "README.md").read_text() == "untouched\n" for n in ("calc_agent", "sql_agent"))
+    assert "[1/8] calc_agent seed 0 ... gain +0.65 (0.05 -> 0.70) in " in proc.stdout
+    assert "calc_agent seed 1 without AIR ... gain +0.56 (0.05 -> 0.61)" in proc.stdout
+
+    payload = json.loads((out / "results.json").read_text())
+    runs = {(r["run"]["example"], r["run"]["seed"], r["run"]["air"]): r for r in payload["runs"]}
+    assert len(runs) == 8 and payload["header"]["threads_note"] == "2 run(s) at once, OMP_NUM_THREADS=1 each"
+    calc = runs[("calc_agent", 0, True)]
+    assert calc["run"]["rows"][0]["omp"] == "1" and calc["run"]["warm_start"] == {"steps": 3}
+    assert calc["run"]["command"][1:] == [
+        "examples/calc_agent/train.py", "--seed", "0", "--out", str(out / "calc_agent" / "seed0"), "--quiet",
+        "--bonus", "0.2",
+    ]  # fmt: skip
+    assert runs[("calc_agent", 0, False)]["run"]["command"][-2:] == ["--tool-error-reward", "0"]
+    assert calc["summary"]["tool_error_first"] == 0.5 and calc["summary"]["tool_error_last"] == 0.2
+    hung = runs[("crew_agent", 1, True)]["run"]
+    assert hung["returncode"] is None and hung["error"] == "timed out after 0.05 min" and hung["wall_s"] < 30
+    crashed = runs[("sql_agent", 0, True)]["run"]
+    assert crashed["returncode"] == 2 and crashed["error"].startswith("exit 2, see ")
+    md = (out / "examples.md").read_text()
+    assert (
+        "| 1 | on | 0.05 | 0.71 | +0.66 | 0.50 → 0.20 | — |" in md
+        and "| 1 | off | 0.05 | 0.61 | +0.56 | 0.50 → 0.45 | — |" in md
+    )
+    assert "**failed**: timed out" in md and "2 seed(s) finished, the target needs 3" in md
