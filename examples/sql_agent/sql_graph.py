@@ -24,11 +24,21 @@ from typing import Any, NotRequired, TypedDict
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
 from sql_data import execution_match, run_query
 
-__all__ = ["SQLState", "execute_sql", "build_graph", "extract_sql", "writer_messages", "rewriter_messages"]
+__all__ = [
+    "SQLState",
+    "execute_sql",
+    "build_graph",
+    "extract_sql",
+    "writer_messages",
+    "checker_messages",
+    "rewriter_messages",
+    "solve",
+]
 
 WRITER_PROMPT = "Write one SQLite query that answers the question. Tables:\n{schema}"
 CHECKER_PROMPT = "Check the SQLite query. Reply CORRECT if it answers the question, else say what is wrong."
@@ -81,21 +91,30 @@ async def _run(query: str, db_path: str) -> str:
         return f"Error: {exc}"
 
 
+def _model(model: BaseChatModel, config: RunnableConfig) -> Any:
+    """``model``, with the run's ``temperature`` when the caller configured one (``solve`` does).
+
+    Training samples at the trainer's temperature and validation decodes greedily; the model the
+    user built has one fixed temperature, so the run passes its own in the graph's config."""
+    temperature = (config.get("configurable") or {}).get("temperature")
+    return model if temperature is None else model.bind(temperature=temperature)
+
+
 def build_graph(model: BaseChatModel, *, max_rewrites: int = 1) -> Any:
     """The compiled graph; run it with ``await graph.ainvoke({"question", "schema", "db_path"})``."""
 
     # Nodes return partial updates of the state, as LangGraph nodes do.
-    async def writer(state: SQLState) -> dict[str, Any]:
-        reply = await model.ainvoke(writer_messages(state))
+    async def writer(state: SQLState, config: RunnableConfig) -> dict[str, Any]:
+        reply = await _model(model, config).ainvoke(writer_messages(state))
         query = extract_sql(reply.text)
         return {"query": query, "result": await _run(query, state["db_path"]), "rewrites": 0}
 
-    async def checker(state: SQLState) -> dict[str, Any]:
-        reply = await model.ainvoke(checker_messages(state))
+    async def checker(state: SQLState, config: RunnableConfig) -> dict[str, Any]:
+        reply = await _model(model, config).ainvoke(checker_messages(state))
         return {"feedback": reply.text}
 
-    async def rewriter(state: SQLState) -> dict[str, Any]:
-        reply = await model.ainvoke(rewriter_messages(state))
+    async def rewriter(state: SQLState, config: RunnableConfig) -> dict[str, Any]:
+        reply = await _model(model, config).ainvoke(rewriter_messages(state))
         query = extract_sql(reply.text) or state.get("query", "")
         rewrites = state.get("rewrites", 0) + 1
         return {"query": query, "result": await _run(query, state["db_path"]), "rewrites": rewrites}
@@ -115,8 +134,11 @@ def build_graph(model: BaseChatModel, *, max_rewrites: int = 1) -> Any:
     return graph.compile()
 
 
-async def solve(graph: Any, task: dict[str, Any]) -> float:
-    """Run the graph on one task; reward 1.0 if its final query returns the gold rows (execution match)."""
+async def solve(graph: Any, task: dict[str, Any], *, temperature: float | None = None) -> float:
+    """Run the graph on one task; reward 1.0 if its final query returns the gold rows (execution match).
+
+    ``temperature`` (e.g. the rollout's ``llm.sampling["temperature"]``) overrides the model's own."""
     state: SQLState = {"question": task["question"], "schema": task["schema"], "db_path": task["db_path"]}
-    out: SQLState = await graph.ainvoke(state)
+    config: RunnableConfig = {"configurable": {"temperature": temperature}} if temperature is not None else {}
+    out: SQLState = await graph.ainvoke(state, config=config)
     return 1.0 if execution_match(task["db_path"], out.get("query"), task["gold_sql"]) else 0.0

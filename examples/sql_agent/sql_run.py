@@ -1,12 +1,13 @@
 """The SQL agent's tasks, warm start and session under ``module:function`` names, for
 ``lightning-rl train examples/sql_agent/config.toml``.
 
-What ``train.py`` does with its defaults: 64 templated training questions and 16 held-out ones over a
-small SQLite database built in the run folder, a 300-step supervised warm start of the tiny model, and
-the LangGraph agent with one ``ChatOpenAI``. The session is the part a run file cannot write as
-values: ``lightning_langchain.instrument(trainable=...)``, then the model client and the graph, built
-inside the training's event loop (the session is async) so that the client's own ``httpx.AsyncClient``
-is closed in the loop that used it; then ``uninstrument()``.
+What ``train.py`` does with its defaults: 180 templated training questions and 100 held-out ones over
+a SQLite database built in the run folder (48 more, the probe questions, only check the warm start),
+the staged warm start of the tiny model (skill, then the habit of answering from memory), and the
+LangGraph agent with one ``ChatOpenAI``. The session is the part a run file cannot write as values:
+``lightning_langchain.instrument(trainable=...)``, then the model client and the graph, built inside
+the training's event loop (the session is async) so that the client's own ``httpx.AsyncClient`` is
+closed in the loop that used it; then ``uninstrument()``.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def _train_py() -> Any:
 
 
 @functools.cache
-def _splits(seed: int, run_dir: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``train.py``'s questions for ``seed``, over the database it builds in the run folder."""
+def _splits(seed: int, run_dir: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """``train.py``'s (training, held-out, probe) questions for ``seed``, over the database it builds
+    in the run folder."""
     train_py = _train_py()
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -57,12 +59,31 @@ def val_tasks(seed: int = 0, run_dir: str = "runs/sql_agent") -> list[dict[str, 
     return _splits(seed, run_dir)[1]
 
 
-def warm_start(model: str, out_dir: Path, tasks: Sequence[Task], seed: int, steps: int = 300) -> Path:
-    """``train.py``'s supervised warm start on demonstrations of all three roles."""
+def warm_start(
+    model: str,
+    out_dir: Path,
+    tasks: Sequence[Task],
+    seed: int,
+    expert_steps: int = 1500,
+    polish_steps: int = 150,
+    habit_steps: int = 200,
+) -> Path:
+    """``train.py``'s staged warm start on demonstrations of all three roles; its probe questions are
+    ``train.py``'s for ``seed`` over the same database (the run folder is where the tasks' database is)."""
     from lightning_rl.trainer.services import resolve_model
 
     inputs: list[dict[str, Any]] = [t.input for t in tasks]
-    return _train_py().warm_start(resolve_model(model), Path(out_dir), inputs, steps=steps, seed=seed)
+    run_dir = str(Path(inputs[0]["db_path"]).parent) if inputs else str(Path(out_dir).parent)
+    return _train_py().warm_start(
+        resolve_model(model),
+        Path(out_dir),
+        inputs,
+        _splits(seed, run_dir)[2],
+        seed=seed,
+        expert_steps=expert_steps,
+        polish_steps=polish_steps,
+        habit_steps=habit_steps,
+    )
 
 
 _graph: Any = None
@@ -101,11 +122,11 @@ async def session(trainable: list[str] | None, config: Any, max_rewrites: int = 
 
 
 async def sql_agent(task: dict[str, Any], llm: Any) -> float:
-    """One rollout: the session's graph on ``task``."""
+    """One rollout: the session's graph on ``task``, at the run's temperature (greedy in validation)."""
     from sql_graph import solve
 
     if _graph is None:
         raise RuntimeError(
             "sql_run.sql_agent runs inside its session: add session = 'sql_run:session' to the run file."
         )
-    return await solve(_graph, task)
+    return await solve(_graph, task, temperature=llm.sampling.get("temperature"))

@@ -47,7 +47,8 @@ def test_the_example_trains_writer_and_rewriter_only_and_records_sql_errors(
     pytest.importorskip("torch")
     out = tmp_path / "run"
     argv = ["--steps", "2", "--batch-size", "2", "--group-size", "2", "--n-train", "4", "--n-val", "2"]
-    argv += ["--warm-start-steps", "2", "--max-tokens", "16", "--quiet", "--out", str(out)]
+    argv += ["--n-probe", "2", "--warm-start-steps", "2", "--polish-steps", "2", "--habit-steps", "2"]
+    argv += ["--max-tokens", "16", "--quiet", "--out", str(out)]
     result = train_module.main(argv)
     assert result is not None
     assert not LangChainInstrumentor().is_instrumented  # main() cleans up after itself
@@ -69,6 +70,49 @@ def test_the_example_trains_writer_and_rewriter_only_and_records_sql_errors(
     tools = [s for s in spans if s.name == semconv.SPAN_TOOL]
     assert tools and {s.attributes[semconv.ROLE] for s in tools} <= {"writer", "rewriter"}
     assert all(s.attributes[semconv.GEN_AI_TOOL_NAME] == "execute_sql" for s in tools)
+    # the graph decodes at the run's temperature: sampled in training, greedy on held-out questions
+    val_calls = [s for s in spans if s.name == semconv.SPAN_LLM_CALL and "-v" in s.rollout_id]
+    assert val_calls and {s.attributes[semconv.GEN_AI_REQUEST_TEMPERATURE] for s in val_calls} == {0.0}
+    assert {s.attributes[semconv.GEN_AI_REQUEST_TEMPERATURE] for s in calls} == {1.0}
+    assert (out / "warm_start" / "warm_start.json").is_file()
+
+
+def test_defaults_hold_out_100_questions_disjoint_from_training_and_probe_questions(
+    train_module: ModuleType, tmp_path: Path
+) -> None:
+    args = train_module.parse_args(["--out", str(tmp_path)])
+    train, val, probe = train_module._tasks(args, tmp_path)
+    assert len(val) >= 100 and len(train) >= 100 and probe
+    questions = [{t["question"] for t in split} for split in (train, val, probe)]
+    assert sum(map(len, questions)) == len(train) + len(val) + len(probe)  # no repeats inside a split
+    assert not (questions[0] & questions[1] or questions[0] & questions[2] or questions[1] & questions[2])
+    # the other seed draws another split of the same questions
+    other = train_module._tasks(train_module.parse_args(["--seed", "1"]), tmp_path / "s1")
+    assert {t["question"] for t in other[1]} != questions[1]
+
+
+def test_expert_queries_match_and_sloppy_guesses_fail_to_run(train_module: ModuleType, tmp_path: Path) -> None:
+    """The warm start's demonstrations: the expert's queries are the gold ones, the sloppy writer's
+    guesses are not SQL (so they fail to execute: the AIR tool_error fires), the checker's verdicts
+    say whether the query ran."""
+    data = _load("sql_data")
+    db = data.build_database(tmp_path / "company.sqlite")
+    tasks = data.make_tasks(40, db)
+    expert = train_module.demonstrations(tasks, query_rate=1.0, seed=0)
+    assert len(expert["writer"]) == len(expert["rewriter"]) == len(tasks)
+    for task, (messages, _, query) in zip(tasks, expert["writer"], strict=True):
+        assert messages[-1] == {"role": "user", "content": task["question"]}
+        assert data.execution_match(db, query, task["gold_sql"])
+    sloppy = train_module.demonstrations(tasks, query_rate=0.3, seed=1)
+    guesses = [completion for _, _, completion in sloppy["writer"] if completion.startswith("The answer is")]
+    assert 0.5 * len(tasks) < len(guesses) < 0.9 * len(tasks)
+    for text in guesses:
+        with pytest.raises(sqlite3.Error):
+            data.run_query(db, text)
+    verdicts = Counter(completion for _, _, completion in expert["checker"] + sloppy["checker"])
+    assert set(verdicts) == {train_module.CORRECT, train_module.WRONG} and min(verdicts.values()) > 10
+    for messages, _, verdict in expert["checker"]:
+        assert ("Result: Error" in messages[-1]["content"]) == (verdict == train_module.WRONG)
 
 
 async def _spans(path: Path) -> list[Any]:
@@ -85,8 +129,9 @@ def test_tasks_have_gold_queries_that_run_and_the_spider_loader_reads_spider_lay
     data = _load("sql_data")
     db = data.build_database(tmp_path / "company.sqlite")
     tasks = data.make_tasks(30, db, seed=1)
-    assert len({t["question"] for t in tasks}) > 5
-    for task in tasks:
+    assert len({t["question"] for t in tasks}) == 30
+    assert len(data.all_tasks(db)) >= 300  # room for 100 held-out questions beside training and probes
+    for task in data.all_tasks(db):
         assert data.run_query(task["db_path"], task["gold_sql"])  # every gold query returns rows
         assert data.execution_match(db, task["gold_sql"], task["gold_sql"])
     assert not data.execution_match(db, "SELECT * FROM nowhere", tasks[0]["gold_sql"])
@@ -118,7 +163,9 @@ def test_the_run_file_trains_the_same_agent_with_lightning_rl_train(tmp_path: Pa
     overrides = [
         f"run_dir={out}",
         "val_tasks=null",
-        "warm_start.steps=2",
+        "warm_start.expert_steps=2",
+        "warm_start.polish_steps=2",
+        "warm_start.habit_steps=2",
         "algorithm.steps=2",
         "algorithm.batch_size=2",
         "algorithm.group_size=2",
@@ -130,7 +177,7 @@ def test_the_run_file_trains_the_same_agent_with_lightning_rl_train(tmp_path: Pa
     assert not LangChainInstrumentor().is_instrumented  # the session's exit uninstrumented
 
     assert (out / "company.sqlite").is_file() and (out / "warm_start" / "warm_start.json").is_file()
-    assert json.loads((out / "train_config.json").read_text())["warm_start"]["steps"] == 2
+    assert json.loads((out / "train_config.json").read_text())["warm_start"]["expert_steps"] == 2
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "train/reward_mean" in r]
     assert [r["step"] for r in train] == [1, 2]
