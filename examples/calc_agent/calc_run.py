@@ -1,39 +1,53 @@
 """The calc agent's tasks and warm start under ``module:function`` names, for ``lightning-rl train config.toml``.
 
-The same splits and warm start as ``train.py`` with its defaults (200 generated training problems,
-32 held-out, 300 warm-start steps on demonstrations that use the tool 60% of the time).
+The same splits and warm start as ``train.py`` with its defaults: 300 generated training problems,
+100 held-out, 100 that only probe the warm start, and the staged warm start of ``calc_warm_start``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from typing import Any
 
-from calc_tasks import make_tasks
+from calc_tasks import problem_key, split_tasks
+from calc_warm_start import WarmStartSettings
+from calc_warm_start import warm_start as staged
 
 from lightning_rl.types import Task
 
-HERE = Path(__file__).resolve().parent
-N_TRAIN, N_VAL = 200, 32
+__all__ = ["N_TRAIN", "N_VAL", "N_PROBE", "train_tasks", "val_tasks", "warm_start"]
+
+N_TRAIN, N_VAL, N_PROBE = 300, 100, 100
 
 
 def train_tasks(seed: int = 0) -> list[Task]:
     """The generated training problems of ``train.py`` for ``seed``."""
-    return make_tasks(N_TRAIN + N_VAL, seed=seed)[:N_TRAIN]
+    return split_tasks(N_TRAIN, N_VAL, N_PROBE, seed=seed)[0]
 
 
 def val_tasks(seed: int = 0) -> list[Task]:
     """The held-out problems of ``train.py`` for ``seed``."""
-    return make_tasks(N_TRAIN + N_VAL, seed=seed)[N_TRAIN:]
+    return split_tasks(N_TRAIN, N_VAL, N_PROBE, seed=seed)[1]
 
 
-def warm_start(model: str, out_dir: Path, tasks: list[Task], seed: int) -> Path:
-    """``train.py``'s supervised warm start (loaded under its own module name: other examples have a train.py)."""
-    spec = importlib.util.spec_from_file_location("calc_agent_train", HERE / "train.py")
-    assert spec is not None and spec.loader is not None
-    module: Any = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("calc_agent_train", module)
-    spec.loader.exec_module(module)
-    return module.warm_start(model, out_dir, tasks, steps=300, tool_rate=0.6, seed=seed)
+def warm_start(
+    model: str,
+    out_dir: Path,
+    tasks: list[Task],
+    seed: int,
+    *,
+    expert_steps: int = 2000,
+    polish_steps: int = 150,
+    habit_steps: int = 200,
+) -> Path:
+    """``train.py``'s staged warm start on ``tasks``, probed on the seed's probe problems.
+
+    The probe and held-out problems come from the same draw as ``train_tasks``/``val_tasks``, so the
+    copy demonstrations avoid them whichever tasks the file trains on."""
+    from lightning_rl.trainer.services import resolve_model
+
+    _, val, probe = split_tasks(N_TRAIN, N_VAL, N_PROBE, seed=seed)
+    exclude = {problem_key(t.input["expression"]) for t in (*val, *probe)}
+    settings = WarmStartSettings(
+        seed=seed, expert_steps=expert_steps, polish_steps=polish_steps, habit_steps=habit_steps
+    )
+    return staged(resolve_model(model), Path(out_dir), tasks, probe, exclude=exclude, settings=settings)

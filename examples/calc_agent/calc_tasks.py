@@ -2,9 +2,15 @@
 
 Calc-X (the task of the Agent Lightning paper) pairs a word problem with its numeric result; the
 agent must turn the words into arithmetic, compute it with a calculator tool and state the number.
-``make_tasks`` generates problems of the same shape offline (one- and two-step, integer answers),
-so the example needs no download; ``load_calcx`` reads the real files (JSON lines with at least a
-``question`` and a ``result``) when you have them. Reward: the stated number equals the result.
+``make_tasks`` generates problems of the same shape offline, so the example needs no download;
+``load_calcx`` reads the real files (JSON lines with at least a ``question`` and a ``result``) when
+you have them. Reward: the stated number equals the result.
+
+The generated problems are one-step with small operands (2-20) on purpose: the calculator takes an
+``expression`` string, so the model must copy the operands from the question into its call and then
+copy the tool's result into its answer. A model of a million parameters learns such copying slowly;
+short numbers keep it learnable in a CPU warm start, while the answers (up to 400) are still not
+something it can get right from memory.
 """
 
 from __future__ import annotations
@@ -16,53 +22,88 @@ import operator
 import random
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from lightning_rl.types import Task
 
-__all__ = ["make_tasks", "load_calcx", "evaluate", "parse_number", "final_number", "score_answer"]
+__all__ = [
+    "LOW",
+    "HIGH",
+    "NAMES",
+    "ITEMS",
+    "PROBLEMS",
+    "Problem",
+    "operands",
+    "problem_key",
+    "make_tasks",
+    "split_tasks",
+    "load_calcx",
+    "evaluate",
+    "parse_number",
+    "final_number",
+    "score_answer",
+]
 
-_NAMES = ("Ann", "Ben", "Mia", "Tom", "Zoe", "Sam")
-_ITEMS = ("apples", "books", "coins", "cards", "pens", "eggs")
+NAMES = ("Ann", "Ben", "Mia", "Tom", "Zoe", "Sam")
+ITEMS = ("apples", "books", "coins", "cards", "pens", "eggs")
+LOW, HIGH = 2, 20
+"""The operands of generated problems (a quotient's divisor and quotient: 2-12)."""
 
-# (template, expression template, sampler of the numbers): every answer is a whole number.
-_Problem = tuple[str, str, Callable[[random.Random], dict[str, int]]]
-_PROBLEMS: tuple[_Problem, ...] = (
-    (
-        "{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?",
-        "{a} + {b}",
-        lambda r: {"a": r.randint(2, 60), "b": r.randint(2, 60)},
-    ),
-    (
-        "{name} had {a} {item} and gave away {b}. How many {item} are left?",
-        "{a} - {b}",
-        lambda r: (lambda b: {"a": b + r.randint(1, 50), "b": b})(r.randint(2, 40)),
-    ),
-    (
-        "There are {a} boxes with {b} {item} in each. How many {item} are there in total?",
-        "{a} * {b}",
-        lambda r: {"a": r.randint(2, 12), "b": r.randint(2, 12)},
-    ),
-    (
-        "{name} shares {a} {item} equally among {b} friends. How many {item} does each friend get?",
-        "{a} / {b}",
-        lambda r: (lambda b: {"a": b * r.randint(2, 12), "b": b})(r.randint(2, 9)),
-    ),
-    (
-        "{name} buys {a} packs of {b} {item} and loses {c}. How many {item} are left?",
-        "{a} * {b} - {c}",
-        lambda r: (lambda a, b: {"a": a, "b": b, "c": r.randint(1, a * b - 1)})(r.randint(2, 9), r.randint(2, 9)),
-    ),
+
+@dataclass(frozen=True)
+class Problem:
+    """One kind of one-step word problem: its wording and the operator that solves it."""
+
+    template: str
+    operator: str
+
+    def question(self, a: int, b: int, *, name: str, item: str) -> str:
+        """The problem's text for operands ``a`` and ``b``."""
+        return self.template.format(a=a, b=b, name=name, item=item)
+
+    def expression(self, a: int, b: int) -> str:
+        """What a calculator call should compute, e.g. ``7 + 5``."""
+        return f"{a} {self.operator} {b}"
+
+
+PROBLEMS: tuple[Problem, ...] = (
+    Problem("{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?", "+"),
+    Problem("{name} had {a} {item} and gave away {b}. How many {item} are left?", "-"),
+    Problem("There are {a} boxes with {b} {item} in each. How many {item} are there in total?", "*"),
+    Problem("{name} shares {a} {item} equally among {b} friends. How many {item} does each friend get?", "/"),
 )
 
 
-def make_tasks(n: int, *, seed: int) -> list[Task]:
-    """``n`` distinct generated word problems, deterministic in ``seed``.
+def operands(problem: Problem, rng: random.Random, low: int = LOW, high: int = HIGH) -> tuple[int, int]:
+    """Operands for ``problem`` in ``[low, high]`` with a whole, positive answer (a difference has a > b,
+    a quotient divides exactly: divisor and quotient drawn from ``[low, min(high, 12)]``)."""
+    if problem.operator == "-":
+        b = rng.randint(low, high - 1)
+        return rng.randint(b + 1, high), b
+    if problem.operator == "/":
+        b, quotient = rng.randint(low, min(high, 12)), rng.randint(low, min(high, 12))
+        return b * quotient, b
+    return rng.randint(low, high), rng.randint(low, high)
 
-    Each task's input has ``question``, ``expression`` (what a calculator call should compute,
-    used only by the warm-start demonstrations) and ``answer``.
+
+def problem_key(expression: str) -> str:
+    """What makes two generated problems the same problem: their expression (names and items aside)."""
+    return " ".join(expression.split())
+
+
+def make_tasks(n: int, *, seed: int) -> list[Task]:
+    """``n`` distinct generated one-step word problems, deterministic in ``seed``.
+
+    Distinct means distinct expressions: two tasks never differ only in a name or an item, so
+    splitting the list gives held-out problems the training set does not contain. Each task's
+    input has ``question``, ``expression`` (what a calculator call should compute, used only by the
+    warm-start demonstrations), ``answer`` and ``problem`` (the index into ``PROBLEMS``).
+
+    Raises:
+        ValueError: Fewer than ``n`` distinct problems exist (about 950 do).
     """
     rng = random.Random(seed)
     seen: set[str] = set()
@@ -70,18 +111,33 @@ def make_tasks(n: int, *, seed: int) -> list[Task]:
     for _ in range(n * 50):
         if len(tasks) == n:
             break
-        template, expression, sample = rng.choice(_PROBLEMS)
-        numbers = sample(rng)
-        question = template.format(name=rng.choice(_NAMES), item=rng.choice(_ITEMS), **numbers)
-        if question in seen:
+        index = rng.randrange(len(PROBLEMS))
+        problem = PROBLEMS[index]
+        a, b = operands(problem, rng)
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        expr = problem.expression(a, b)
+        if problem_key(expr) in seen:
             continue
-        seen.add(question)
-        expr = expression.format(**numbers)
-        answer = int(evaluate(expr))
-        tasks.append(Task(id=f"gen-{len(tasks)}", input={"question": question, "expression": expr, "answer": answer}))
+        seen.add(problem_key(expr))
+        data = {
+            "question": problem.question(a, b, name=name, item=item),
+            "expression": expr,
+            "answer": int(evaluate(expr)),
+            "problem": index,
+        }
+        tasks.append(Task(id=f"gen-{len(tasks)}", input=data))
     if len(tasks) < n:
         raise ValueError(f"could only generate {len(tasks)} distinct problems; ask for fewer than {n}.")
     return tasks
+
+
+def split_tasks(n_train: int, n_val: int, n_probe: int, *, seed: int) -> tuple[list[Task], list[Task], list[Task]]:
+    """Disjoint training, held-out and probe problems from one draw.
+
+    The probe problems are neither trained on nor validated on: the warm start decodes them to
+    check that a skill has formed (``calc_warm_start``), so the held-out score stays unseen."""
+    tasks = make_tasks(n_train + n_val + n_probe, seed=seed)
+    return tasks[:n_train], tasks[n_train : n_train + n_val], tasks[n_train + n_val :]
 
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
