@@ -19,6 +19,7 @@ for _name, _value in {
 }.items():
     os.environ.setdefault(_name, _value)
 
+import difflib  # noqa: E402
 from typing import Any  # noqa: E402
 
 from crew_tasks import CATALOGUE, score  # noqa: E402
@@ -35,27 +36,33 @@ WRITER = "Writer"
 
 @tool("lookup_price")
 def lookup_price(item: str) -> str:
-    """Return the price in euros of the catalogue item with exactly this name, e.g. 'blue kettle'."""
+    """Price of the catalogue item with exactly this name."""
     if item not in CATALOGUE:
-        raise KeyError(f"no catalogue item named {item!r}")
-    return f"{item}: {CATALOGUE[item]} euros"
+        close = difflib.get_close_matches(item, CATALOGUE, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"no catalogue item named {item!r}{hint}")
+    return f"{CATALOGUE[item]} euros"
 
 
 def build_crew(llm: LLM) -> Crew:
-    """Researcher (tool) -> writer; ``{item}`` is filled in by ``kickoff(inputs=...)``."""
+    """Researcher (tool) -> writer; ``{item}`` is filled in by ``kickoff(inputs=...)``.
+
+    The prompts are short on purpose: CrewAI wraps them in its own instructions, and every token of
+    the request is processed on every call (the tiny model's training cost is mostly prompt)."""
     researcher = Agent(
         role=RESEARCHER,
-        goal="Find prices in the catalogue",
-        backstory="You look prices up; you never guess.",
+        goal="Find prices",
+        backstory="You never guess.",
         tools=[lookup_price],
         llm=llm,
         max_iter=3,
     )
-    writer = Agent(role=WRITER, goal="Answer with the price", backstory="You are brief.", llm=llm, max_iter=2)
-    research = Task(description="Look up the price of: {item}.", expected_output="The price.", agent=researcher)
+    writer = Agent(role=WRITER, goal="Answer", backstory="You are brief.", llm=llm, max_iter=2)
+    # the name in quotes: the model then sees it in the same tokens as it writes it in its tool call
+    research = Task(description='Look up: "{item}".', expected_output="The price.", agent=researcher)
     answer = Task(
-        description="State the price of {item} as a number.",
-        expected_output="The price, e.g. 42.",
+        description="Price of {item}?",
+        expected_output="A number.",
         agent=writer,
         context=[research],
     )

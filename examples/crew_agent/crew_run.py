@@ -1,11 +1,11 @@
 """The crew's tasks, warm start and session under ``module:function`` names, for
 ``lightning-rl train examples/crew_agent/config.toml``.
 
-What ``train.py`` does with its defaults: 64 training questions and 8 held-out ones, an 800-step
-supervised warm start of the tiny model on demonstrations captured from the real crew (the
-demonstrator looks the price up half the time), and ``CrewAIInstrumentor().instrument(trainable=...)``
-around the run. The session is entered before the warm start because that capture runs the
-instrumented crew.
+What ``train.py`` does with its defaults: the catalogue's items dealt out by ``seed`` to 180
+training questions, 100 held-out questions (one per held-out item) and 40 probe items, the staged
+warm start of the tiny model on demonstrations captured from the real crew (``crew_warm_start.py``),
+and ``CrewAIInstrumentor().instrument(trainable=...)`` around the run. The session is entered
+before the warm start because that capture runs the instrumented crew.
 """
 
 from __future__ import annotations
@@ -16,36 +16,55 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 
 from crew_agent import RESEARCHER
-from crew_tasks import make_tasks
+from crew_tasks import make_tasks, split_items
 
 from lightning_rl.types import Task
 
-__all__ = ["train_tasks", "val_tasks", "warm_start", "session"]
+__all__ = ["N_TRAIN", "N_VAL", "N_PROBE", "train_tasks", "val_tasks", "probe_tasks", "warm_start", "session"]
 
-N_TRAIN, N_VAL = 64, 8
+N_TRAIN, N_VAL, N_PROBE = 180, 100, 40
 
 
-def train_tasks(seed: int = 0) -> list[Task]:
-    """The training questions of ``train.py`` for ``seed``."""
-    return make_tasks(N_TRAIN + N_VAL, seed=seed)[:N_TRAIN]
+def train_tasks(seed: int = 0, n: int = N_TRAIN) -> list[Task]:
+    """The training questions of ``train.py`` for ``seed`` (the first ``n``)."""
+    return make_tasks(split_items(seed=seed, n_val=N_VAL, n_probe=N_PROBE).train, n, seed=seed)
 
 
 def val_tasks(seed: int = 0) -> list[Task]:
-    """The held-out questions of ``train.py`` for ``seed``."""
-    return make_tasks(N_TRAIN + N_VAL, seed=seed)[N_TRAIN:]
+    """The held-out questions of ``train.py`` for ``seed``: one per held-out item."""
+    return make_tasks(split_items(seed=seed, n_val=N_VAL, n_probe=N_PROBE).val, seed=seed + 1)
+
+
+def probe_tasks(seed: int = 0) -> list[Task]:
+    """The questions the warm start's skill probes use: items neither trained on nor held out."""
+    return make_tasks(split_items(seed=seed, n_val=N_VAL, n_probe=N_PROBE).probe, seed=seed + 2)
 
 
 def warm_start(
-    model: str, out_dir: Path, tasks: Sequence[Task], seed: int, steps: int = 800, tool_rate: float = 0.5
+    model: str,
+    out_dir: Path,
+    tasks: Sequence[Task],
+    seed: int,
+    steps: int = 1500,
+    habit_tool_rate: float = 0.3,
+    n_probe: int = N_PROBE,
 ) -> Path:
-    """``train.py``'s warm start: demonstrations captured from the instrumented crew, then supervised steps."""
-    from crew_warm_start import warm_start as sft_on_captured_demonstrations
+    """``train.py``'s staged warm start: demonstrations captured from the instrumented crew (at most
+    ``steps`` skill steps, then polish and habit), probed on the first ``n_probe`` probe items."""
+    from crew_warm_start import WarmStartSettings, staged_config
+    from crew_warm_start import warm_start as staged_on_captured_demonstrations
 
     from lightning_rl.trainer.services import resolve_model
 
-    return sft_on_captured_demonstrations(
-        resolve_model(model), Path(out_dir), tasks, steps=steps, tool_rate=tool_rate, seed=seed
+    done = staged_on_captured_demonstrations(
+        resolve_model(model),
+        Path(out_dir),
+        tasks,
+        probe_tasks(seed)[:n_probe],
+        config=staged_config(seed=seed, expert_steps=steps),
+        settings=WarmStartSettings(habit_tool_rate=habit_tool_rate),
     )
+    return done.model_dir
 
 
 @contextlib.contextmanager

@@ -1,42 +1,83 @@
 """Locally generated price questions with a checkable answer, and the reward that checks it.
 
-A seeded catalogue of made-up items (``"blue kettle"``) with integer prices stands in for a private
-database: the answer cannot be guessed, only looked up with the researcher's tool. Some questions
-ask for an item that is not in the catalogue under that exact name (a typo), so the lookup fails
-and the crew has to cope: those tool errors are the AIR signals the plugin records.
+A seeded catalogue of made-up items (``"blue kettle"``: 20 colours x 16 things, 320 items) with
+two-digit prices stands in for a private database: a price cannot be guessed, only looked up with
+the researcher's tool. ``split_items`` deals the *items* (not just the questions) out to training,
+held-out and probe sets, so a held-out question is about an item the model never saw in training:
+remembering training prices cannot help there, only the tool can.
+
+Some questions misspell the item (``"pink-desk"`` for ``"pink desk"``). The catalogue only knows the
+exact name, so looking the misspelling up is a tool error, which the plugin records as an AIR
+``tool_error`` signal; the error names the closest item, which the researcher can look up next.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from lightning_rl.types import Task
 
-__all__ = ["CATALOGUE", "make_tasks", "score"]
+__all__ = ["CATALOGUE", "COLOURS", "THINGS", "ItemSplit", "split_items", "make_tasks", "misspell", "score"]
 
-_COLOURS = ("red", "blue", "green", "amber", "black", "white", "grey", "pink")
-_THINGS = ("kettle", "lamp", "chair", "clock", "vase", "desk", "mug", "rug", "fan", "bell")
+COLOURS = (
+    "red", "blue", "green", "amber", "black", "white", "grey", "pink", "teal", "gold",
+    "silver", "olive", "navy", "coral", "ivory", "plum", "rust", "jade", "lime", "mint",
+)  # fmt: skip
+THINGS = (
+    "kettle", "lamp", "chair", "clock", "vase", "desk", "mug", "rug",
+    "fan", "bell", "bowl", "sofa", "stool", "jug", "tray", "shelf",
+)  # fmt: skip
 
 
 def _catalogue(seed: int = 1234) -> dict[str, int]:
     rng = random.Random(seed)
-    return {f"{c} {t}": rng.randint(5, 95) for c in _COLOURS for t in _THINGS}
+    return {f"{c} {t}": rng.randint(10, 99) for c in COLOURS for t in THINGS}
 
 
 CATALOGUE: dict[str, int] = _catalogue()
-"""item name -> price in euros (80 items)."""
+"""item name -> price in euros (320 items, prices 10-99)."""
 
 
-def make_tasks(n: int, *, seed: int = 0, typo_rate: float = 0.2) -> list[Task]:
-    """``n`` questions ``{"item", "asked_as", "answer"}``; ``asked_as`` has a typo with ``typo_rate``."""
-    rng = random.Random(seed)
+@dataclass(frozen=True)
+class ItemSplit:
+    """Disjoint item names for training, held-out validation, and the warm start's skill probes."""
+
+    train: list[str]
+    val: list[str]
+    probe: list[str]
+
+
+def split_items(*, seed: int, n_val: int = 100, n_probe: int = 40) -> ItemSplit:
+    """Shuffle the catalogue with ``seed`` and deal ``n_val`` held-out and ``n_probe`` probe items; the rest train.
+
+    Raises:
+        ValueError: fewer than one training item would be left.
+    """
     items = sorted(CATALOGUE)
+    if n_val + n_probe >= len(items):
+        raise ValueError(f"the catalogue has {len(items)} items; ask for fewer than that held-out and probe items.")
+    random.Random(seed).shuffle(items)
+    return ItemSplit(train=items[n_val + n_probe :], val=items[:n_val], probe=items[n_val : n_val + n_probe])
+
+
+def misspell(item: str) -> str:
+    """The one typo the questions make: a hyphen for the space (``"pink-desk"``)."""
+    return item.replace(" ", "-")
+
+
+def make_tasks(items: Sequence[str], n: int | None = None, *, seed: int, typo_rate: float = 0.2) -> list[Task]:
+    """Questions ``{"item", "asked_as", "answer"}`` about ``items``: each item once in order (``n`` None),
+    or ``n`` questions cycling through the items; ``asked_as`` is misspelt with ``typo_rate``."""
+    rng = random.Random(seed)
+    count = len(items) if n is None else n
     tasks: list[Task] = []
-    for _ in range(n):
-        item = rng.choice(items)
-        asked = item.replace(" ", "-") if rng.random() < typo_rate else item
-        tasks.append(Task(input={"item": item, "asked_as": asked, "answer": CATALOGUE[item]}))
+    for i in range(count):
+        item = items[i % len(items)]
+        asked = misspell(item) if rng.random() < typo_rate else item
+        tasks.append(Task(id=f"{i}:{asked}", input={"item": item, "asked_as": asked, "answer": CATALOGUE[item]}))
     return tasks
 
 
