@@ -6,7 +6,12 @@ routes every model call made during a rollout to the trainer's gateway and recor
 (planner or answerer) made it, so that only the answerer is trained.
 
 Reward (as in the paper's MuSiQue task): token F1 between the final answer and the gold answer,
-plus a small bonus for answering in the expected format (a final line ``Answer: <answer>``).
+plus a small bonus for answering in the expected format (a final line ``Answer: <answer>``). The
+facts are fictional one-word names, so a guess from memory earns the bonus (0.1) and little else;
+searching for the person and copying the fact found earns 1.0.
+
+The search fails (a tool error, which the plugin records as an AIR ``tool_error`` signal) on an
+empty query or on one that matches no note at all, e.g. a misspelt name.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from rag_search import BM25
 
 __all__ = ["PLANNER_PROMPT", "ANSWERER_PROMPT", "build_agents", "rag_agent", "reward", "f1_score", "search_corpus"]
 
-PLANNER_PROMPT = "Plan the searches this question needs, then hand it to the answerer."
-ANSWERER_PROMPT = "Search the notes, one fact at a time, then reply with a last line 'Answer: <answer>'."
+PLANNER_PROMPT = "Hand the question to the answerer."
+ANSWERER_PROMPT = "Search, then reply 'Answer: <answer>'."
 FORMAT_BONUS = 0.1
 MAX_TURNS = 6
 
@@ -43,16 +48,22 @@ def _index() -> BM25:
 
 
 def search_corpus(query: str) -> str:
-    """The two best paragraphs for ``query``, one per line."""
+    """The two best paragraphs for ``query``, one per line.
+
+    Raises:
+        ValueError: the query is empty, or no note shares a word with it (search for a full name).
+    """
     if not query.strip():
         raise ValueError("the search query is empty; pass the words to look for")
     hits = _index().search(query, k=2)
-    return "\n".join(hits) if hits else "no matching notes"
+    if not hits:
+        raise ValueError(f"no note mentions {query!r}; search for the person's full name")
+    return "\n".join(hits)
 
 
 @function_tool
 def search(query: str) -> str:
-    """Search the notes; returns the two best matching paragraphs."""
+    """Find notes on a name."""
     return search_corpus(query)
 
 
@@ -79,7 +90,10 @@ def reward(final_output: str, gold: str) -> float:
 
 
 def _client() -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=BASE_URL, api_key=os.environ.get("RAG_AGENT_API_KEY", "EMPTY"), max_retries=0)
+    """The app's client. ``timeout`` covers connecting too: the openai default allows 5 s to connect, which a
+    busy local server (a hundred rollouts at once on two cores) can miss."""
+    api_key = os.environ.get("RAG_AGENT_API_KEY", "EMPTY")
+    return AsyncOpenAI(base_url=BASE_URL, api_key=api_key, max_retries=0, timeout=120.0)
 
 
 def build_agents(

@@ -1,11 +1,16 @@
-"""The bundled corpus and its multi-hop questions: a scaled-down stand-in for MuSiQue.
+"""The bundled corpus and its questions: a fictional world the agent must look facts up in.
 
-MuSiQue questions need two to four retrieval hops over Wikipedia paragraphs. Here a small fictional
-world plays Wikipedia (so no download is needed and no model knows the answers by heart): people
-are born in cities and work for companies, companies are based in cities, cities lie in countries.
-Each fact is one short paragraph of ``corpus.jsonl`` (bundled; ``python rag_data.py`` rebuilds it
-from the seed). Questions are composed from chains of facts, so answering one takes two or three
-searches: "In which country was Alira Venn born?" needs Alira Venn's city, then that city's country.
+A small fictional world plays Wikipedia, so no download is needed and no model knows the answers
+by heart: people are born in towns and work for companies, companies have a head office in a town,
+towns lie in countries. Each fact is one short paragraph of ``corpus.jsonl`` (bundled;
+``python rag_data.py`` rebuilds it from the seed). People's names are made of random syllables, so
+every name is new: a model can only find a person's facts by searching for the name it was asked
+about, and only answer by copying the fact the search returned.
+
+The questions are single-fact lookups ("Where was Moven born?"), two per person: at about a
+million parameters the tiny local model can learn one search and one copy; MuSiQue's multi-hop
+chains are the setting for a real model. Towns and companies are one word each, so an answer is a
+short copy and token F1 is 1 or 0: a guess from memory scores the format bonus only.
 """
 
 from __future__ import annotations
@@ -15,58 +20,80 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Question", "CORPUS_PATH", "build_corpus", "load_corpus", "make_questions", "split"]
+__all__ = [
+    "Question",
+    "CORPUS_PATH",
+    "TOWNS",
+    "COMPANIES",
+    "RELATIONS",
+    "build_corpus",
+    "load_corpus",
+    "make_questions",
+    "person_names",
+    "split",
+]
 
 CORPUS_PATH = Path(__file__).with_name("corpus.jsonl")
+N_PEOPLE = 400
+"""800 questions: enough for a few hundred training questions, 100+ held-out and 100 probe ones, each
+set about different people."""
 
-_FIRST = [
-    "Alira",
-    "Brannoc",
-    "Cesia",
-    "Dovan",
-    "Elsin",
-    "Farro",
-    "Gwenna",
-    "Halvar",
-    "Isolde",
-    "Jorrit",
-    "Kestra",
-    "Lunet",
-    "Maddoc",
-    "Nerys",
-    "Orrin",
-    "Pella",
-    "Quill",
-    "Rosmer",
-    "Saffi",
-    "Tamsin",
+COUNTRIES = ["Morvania", "Quelland", "Saradis", "Tollemark", "Ustria", "Verdane"]
+TOWNS = ["Tosk", "Bryn", "Calder", "Dunwick", "Eldham", "Farrow", "Glint", "Harth"] + [
+    "Ivel",
+    "Jarrow",
+    "Kell",
+    "Lorn",
+    "Mirth",
+    "Nolde",
+    "Oster",
+    "Pell",
 ]
-_LAST = ["Venn", "Ashdown", "Corvel", "Dunmere", "Estray", "Fallow", "Grendt", "Hollis", "Ivarne", "Jessop"]
-_COUNTRIES = ["Morvania", "Quelland", "Saradis", "Tollemark", "Ustria", "Verdane"]
-_CITIES = ["Tosk", "Bryn", "Calder", "Dunwick", "Eldham", "Farrow", "Glint", "Harth", "Ivel", "Jarrow", "Kell", "Lorn"]
-_COMPANIES = [
-    "Brightwell Mills",
-    "Copperline",
-    "Duskfield Press",
-    "Emberstone",
-    "Foxglove Labs",
-    "Greyhaven Tools",
-    "Hartwood Foods",
-    "Ironvale",
-]
+COMPANIES = ["Brightwell", "Copperline", "Duskfield", "Emberstone", "Foxglove", "Greyhaven", "Hartwood", "Ironvale"]
+RELATIONS = {"born_in": "Where was {person} born?", "works_for": "Who does {person} work for?"}
+"""The two question templates, by the relation they ask about."""
+
+# Name parts that the tiny model's tokenizer keeps whole (checked by the example's tests): a name is then
+# mostly two or three tokens, a short copy.
+_HEADS = "Ad Ar Be Co Di Do Er Ex Ge Go He Le Mo Mu Qu Re Se Sh St Th Tod Tot Val Wr Tas Fin Cal Kn".split()
+_TAILS = (
+    "ach ade ak ard ast ato ell en ep ex ig ile im ine ink ion ip ir ist ol om ong op ot ou ul um un ur us ut vi "
+    "tur ven del gin lim tal wo"
+).split()
+_STOP_NAMES = frozenset({"a", "an", "the", "in", "is", "was", "for", "to", "and", "or", "who", "does", "work"})
+"""Words a name must not be: the search drops stop words, and a question must read unambiguously."""
 
 
 @dataclass(frozen=True)
 class Question:
-    """A multi-hop question, its answer, and the paragraph ids it needs (its supporting facts)."""
+    """A single-fact question about ``person``, its answer, and the paragraph id that holds it."""
 
     question: str
     answer: str
-    hops: int
-    support: tuple[int, ...]
+    person: str
+    relation: str
+    support: int
 
 
-def build_corpus(seed: int = 7) -> list[dict[str, object]]:
+def person_names(n: int, seed: int) -> list[str]:
+    """``n`` distinct one-word names, a head and one or two tails (``Moven``, ``Reoptal``).
+
+    Short, and made of whole tokens: the search query is the name copied from the question, and
+    copying two or three tokens is what a model of a million parameters learns in minutes; a name of
+    ten tokens takes far longer.
+    """
+    rng = random.Random(seed)
+    names: list[str] = []
+    seen: set[str] = set()
+    while len(names) < n:
+        name = rng.choice(_HEADS) + "".join(rng.choice(_TAILS) for _ in range(rng.choice((1, 2))))
+        if name not in seen and name.lower() not in _STOP_NAMES:
+            seen.add(name)
+            names.append(name)
+    return names
+
+
+def build_corpus(seed: int = 7, n_people: int = N_PEOPLE) -> list[dict[str, object]]:
     """The fictional world as paragraphs: ``{"id", "title", "text", "subject", "relation", "object"}``."""
     rng = random.Random(seed)
     docs: list[dict[str, object]] = []
@@ -76,17 +103,15 @@ def build_corpus(seed: int = 7) -> list[dict[str, object]]:
             {"id": len(docs), "title": title, "text": text, "subject": subject, "relation": relation, "object": obj}
         )
 
-    for city in _CITIES:
-        country = rng.choice(_COUNTRIES)
-        add(city, f"{city} is a river town in the country of {country}.", city, "country", country)
-    for company in _COMPANIES:
-        city = rng.choice(_CITIES)
-        add(company, f"{company} is a firm with its head office in {city}.", company, "based_in", city)
-    people = [f"{first} {last}" for first in _FIRST for last in _LAST]
-    rng.shuffle(people)
-    for person in people[:40]:
-        city, company = rng.choice(_CITIES), rng.choice(_COMPANIES)
-        add(person, f"{person} was born in {city}.", person, "born_in", city)
+    for town in TOWNS:
+        country = rng.choice(COUNTRIES)
+        add(town, f"{town} is a river town in the country of {country}.", town, "country", country)
+    for company in COMPANIES:
+        town = rng.choice(TOWNS)
+        add(company, f"{company} is a firm with its head office in {town}.", company, "based_in", town)
+    for person in person_names(n_people, seed):
+        town, company = rng.choice(TOWNS), rng.choice(COMPANIES)
+        add(person, f"{person} was born in {town}.", person, "born_in", town)
         add(person, f"{person} works for {company}.", person, "works_for", company)
     return docs
 
@@ -99,48 +124,39 @@ def load_corpus(path: Path = CORPUS_PATH) -> list[dict[str, object]]:
 
 
 def make_questions(docs: list[dict[str, object]]) -> list[Question]:
-    """Every 2-hop and 3-hop question the corpus supports, in a fixed order."""
-    fact = {(str(d["subject"]), str(d["relation"])): d for d in docs}
+    """One question per fact about a person (where they were born, whom they work for), in corpus order."""
     questions: list[Question] = []
     for d in docs:
-        subject, relation, obj = str(d["subject"]), str(d["relation"]), str(d["object"])
-        if relation == "born_in":
-            country = fact[(obj, "country")]
-            questions.append(
-                Question(
-                    f"In which country was {subject} born?",
-                    str(country["object"]),
-                    2,
-                    (int(str(d["id"])), int(str(country["id"]))),
-                )
-            )
-        elif relation == "works_for":
-            base = fact[(obj, "based_in")]
-            questions.append(
-                Question(
-                    f"In which town is the head office of {subject}'s employer?",
-                    str(base["object"]),
-                    2,
-                    (int(str(d["id"])), int(str(base["id"]))),
-                )
-            )
-            country = fact[(str(base["object"]), "country")]
-            questions.append(
-                Question(
-                    f"In which country is the head office of {subject}'s employer?",
-                    str(country["object"]),
-                    3,
-                    (int(str(d["id"])), int(str(base["id"])), int(str(country["id"]))),
-                )
-            )
+        relation = str(d["relation"])
+        if relation in RELATIONS:
+            person = str(d["subject"])
+            text = RELATIONS[relation].format(person=person)
+            questions.append(Question(text, str(d["object"]), person, relation, int(str(d["id"]))))
     return questions
 
 
-def split(questions: list[Question], n_val: int, seed: int = 0) -> tuple[list[Question], list[Question]]:
-    """A shuffled train / held-out split."""
-    shuffled = list(questions)
-    random.Random(seed).shuffle(shuffled)
-    return shuffled[n_val:], shuffled[:n_val]
+def split(
+    questions: list[Question], n_val: int, seed: int = 0, n_probe: int = 0
+) -> tuple[list[Question], list[Question], list[Question]]:
+    """(training, held-out, probe) questions about disjoint sets of people, shuffled by ``seed``.
+
+    Held-out and probe sets take whole people (both of their questions) until they hold ``n_val`` and
+    ``n_probe`` questions, so no held-out name was ever searched for in training. Probe questions only
+    check the warm start's skills.
+    """
+    people = sorted({q.person for q in questions})
+    random.Random(seed).shuffle(people)
+    by_person: dict[str, list[Question]] = {p: [] for p in people}
+    for q in questions:
+        by_person[q.person].append(q)
+    val: list[Question] = []
+    probe: list[Question] = []
+    train: list[Question] = []
+    for person in people:
+        target = val if len(val) < n_val else probe if len(probe) < n_probe else train
+        target.extend(by_person[person])
+    random.Random(seed + 1).shuffle(train)
+    return train, val, probe
 
 
 if __name__ == "__main__":
