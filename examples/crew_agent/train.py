@@ -50,7 +50,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="torch device for the policy: cpu or cuda")
     p.add_argument("--out", default="runs/crew_agent", help="run folder (metrics.jsonl, reward_curve.png)")
     p.add_argument("--steps", type=int, default=12, help="RL steps")
-    p.add_argument("--batch-size", type=int, default=16, help="questions per step")
+    p.add_argument(
+        "--batch-size", type=int, default=8, help="questions per step (each a CrewAI crew run --group-size times)"
+    )
     p.add_argument("--group-size", type=int, default=8, help="rollouts per question (GRPO group)")
     p.add_argument("--max-tokens", type=int, default=48, help="completion budget of each model call")
     p.add_argument("--lr", type=float, default=3e-4, help="RL learning rate")
