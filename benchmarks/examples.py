@@ -108,6 +108,7 @@ class Run:
     log: str = ""
     rows: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
     warm_start: dict[str, Any] | None = None
+    resumed: bool = False  # finished by an earlier, interrupted invocation (--resume); wall time from its log
 
     @property
     def label(self) -> str:
@@ -291,7 +292,14 @@ def _seeds_table(runs: Sequence[Run]) -> list[str]:
         else:
             cells = ["—", "—", f"**failed**: {r.error or 'fewer than two held-out rows'}"]
         n = "—" if s["n_held_out"] is None else str(s["n_held_out"])
-        lines.append(f"| {r.seed} | " + " | ".join([*cells, f"{s['wall_min']:.1f} min", n]) + " |")
+        wall = f"{s['wall_min']:.1f} min" + (" *" if r.resumed else "")
+        lines.append(f"| {r.seed} | " + " | ".join([*cells, wall, n]) + " |")
+    if any(r.resumed for r in runs):
+        lines += [
+            "",
+            "\\* finished by an earlier invocation of this script that was interrupted; collected with "
+            "`--resume`, its wall time from its log's creation to its last write.",
+        ]
     return lines
 
 
@@ -557,6 +565,43 @@ def train_command(root: Path, example: str, seed: int, run_dir: Path, air: bool,
     return cmd if air else [*cmd, "--tool-error-reward", "0"]
 
 
+def _shown(cmd: Sequence[str], root: Path) -> list[str]:
+    """The command as the report prints it: paths inside the checkout relative to it."""
+    return [
+        Path(cmd[0]).name,
+        *(str(Path(c).relative_to(root)) if Path(c).is_relative_to(root) else c for c in cmd[1:]),
+    ]
+
+
+def _log_wall_s(log_path: Path) -> float | None:
+    """Seconds from the run log's creation (the process start: it is opened then) to its last write (the
+    process end), from the file system's birth time (``stat -c %W``; None where it keeps none)."""
+    try:
+        born = float(subprocess.run(["stat", "-c", "%W", str(log_path)], capture_output=True, text=True).stdout)
+    except (OSError, ValueError):
+        return None
+    return log_path.stat().st_mtime - born if born > 0 else None
+
+
+def resumed_run(root: Path, example: str, seed: int, air: bool, out: Path, extra: Sequence[str]) -> Run | None:
+    """A run an earlier, interrupted invocation finished (``--resume``): its folder's metrics and its log's
+    wall time; None when it did not finish (no complete metrics, or no birth time to time it by)."""
+    name = f"seed{seed}" + ("" if air else "-noair")
+    run_dir, log_path = out / example / name, out / example / f"{name}.log"
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists() or not log_path.exists() or "held-out reward:" not in log_path.read_text():
+        return None
+    wall = _log_wall_s(log_path)
+    if wall is None:
+        return None
+    run = Run(example, seed, air, _shown(train_command(root, example, seed, run_dir, air, extra), root), 0, wall)
+    run.log, run.resumed = str(log_path), True
+    run.rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    warm = run_dir / "warm_start" / "warm_start.json"
+    run.warm_start = json.loads(warm.read_text()) if warm.exists() else None
+    return run if len(held_out_curve(run.rows)) >= 2 else None
+
+
 def run_one(
     root: Path,
     example: str,
@@ -591,7 +636,7 @@ def run_one(
         finally:
             live.discard(proc)
     wall = time.perf_counter() - started
-    shown = [Path(cmd[0]).name, *(str(Path(c).relative_to(root)) if c.startswith(str(root)) else c for c in cmd[1:])]
+    shown = _shown(cmd, root)
     run = Run(example, seed, air, shown, returncode, wall, log=str(log_path))
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -653,6 +698,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-min", type=float, default=15.0, help="a run still going after this is killed and failed")
     ap.add_argument("--write-readmes", action="store_true", help="paste the blocks and plots into the READMEs")
     ap.add_argument("--paste", metavar="RESULTS_JSON", help="run nothing: render this earlier results.json")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs an interrupted invocation with the same --out finished (wall time: their log's "
+        "creation to last write); run the rest",
+    )
     ap.add_argument("--repo-root", default=str(REPO), help=argparse.SUPPRESS)  # the tests' copy of the READMEs
     args = ap.parse_args(argv)
     root = Path(args.repo_root).resolve()
@@ -693,6 +744,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(index: int, name: str, seed: int, air: bool) -> Run:
         tag = f"[{index}/{total}] {name} seed {seed}" + ("" if air else " without AIR")
+        done = resumed_run(root, name, seed, air, out, extra[name]) if args.resume else None
+        if done is not None:
+            print(f"{tag} finished earlier (--resume): {done.wall_s / 60:.1f} min", flush=True)
+            return done
         print(f"{tag} started", flush=True)
         r = run_one(root, name, seed, air, out, threads, extra[name], args.timeout_min * 60, live)
         s = summary(r)
