@@ -244,3 +244,36 @@ def test_runs_record_success_timeout_and_crash(tmp_path: Path) -> None:
         and "| 1 | off | 0.05 | 0.61 | +0.56 | 0.50 → 0.45 | — |" in md
     )
     assert "**failed**: timed out" in md and "2 seed(s) finished, the target needs 3" in md
+
+
+def test_resume_keeps_finished_runs_and_paths_beside_the_checkout_are_shown_whole(tmp_path: Path) -> None:
+    """An out folder whose path starts like the checkout's (``repo_runs`` beside ``repo``) once crashed the
+    report after every run had finished; ``--resume`` then keeps those runs instead of training again."""
+    root = tmp_path / "repo"
+    (root / "examples" / "calc_agent").mkdir(parents=True)
+    counting = 'pathlib.Path(a.out + ".count").open("a").write("x")\nprint("held-out reward: 0.05 -> 0.5")\n'
+    train = "MODE = 'learn'\n" + textwrap.dedent(FIXTURE_TRAIN) + counting
+    (root / "examples" / "calc_agent" / "train.py").write_text(train)
+    out = tmp_path / "repo_runs"
+    args = [
+        "--examples",
+        "calc_agent",
+        "--seeds",
+        "0",
+        "--air-ablation",
+        "",
+        "--out",
+        str(out),
+        "--repo-root",
+        str(root),
+    ]
+    first = _script(*args)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    command = json.loads((out / "results.json").read_text())["runs"][0]["run"]["command"]
+    assert command[4:6] == ["--out", str(out / "calc_agent" / "seed0")]
+    again = _script(*args, "--resume")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert (out / "calc_agent" / "seed0.count").read_text() == "x"  # trained once only
+    run = json.loads((out / "results.json").read_text())["runs"][0]["run"]
+    assert "finished earlier (--resume)" in again.stdout and run["resumed"] is True and 0 <= run["wall_s"] < 60
+    assert "* finished by an earlier invocation" in (out / "examples.md").read_text()
