@@ -704,8 +704,15 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the runs an interrupted invocation with the same --out finished (wall time: their log's "
         "creation to last write); run the rest",
     )
+    ap.add_argument(
+        "--collect",
+        action="store_true",
+        help="with --resume: run nothing more; the runs not finished are reported as such",
+    )
     ap.add_argument("--repo-root", default=str(REPO), help=argparse.SUPPRESS)  # the tests' copy of the READMEs
     args = ap.parse_args(argv)
+    if args.collect and not args.resume:
+        raise SystemExit("--collect reads what an earlier invocation finished: use it with --resume")
     root = Path(args.repo_root).resolve()
     chosen = _names(args.examples, "--examples") if args.examples else None
 
@@ -748,6 +755,10 @@ def main(argv: list[str] | None = None) -> int:
         if done is not None:
             print(f"{tag} finished earlier (--resume): {done.wall_s / 60:.1f} min", flush=True)
             return done
+        if args.collect:
+            run = Run(name, seed, air, [], None, 0.0, error="not finished: the benchmark was stopped before it ended")
+            print(f"{tag} not finished (--collect)", flush=True)
+            return run
         print(f"{tag} started", flush=True)
         r = run_one(root, name, seed, air, out, threads, extra[name], args.timeout_min * 60, live)
         s = summary(r)

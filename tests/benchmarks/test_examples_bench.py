@@ -277,3 +277,7 @@ def test_resume_keeps_finished_runs_and_paths_beside_the_checkout_are_shown_whol
     run = json.loads((out / "results.json").read_text())["runs"][0]["run"]
     assert "finished earlier (--resume)" in again.stdout and run["resumed"] is True and 0 <= run["wall_s"] < 60
     assert "* finished by an earlier invocation" in (out / "examples.md").read_text()
+    collected = _script(*[a if a != "0" else "0-1" for a in args], "--resume", "--collect")
+    assert collected.returncode == 1 and (out / "calc_agent" / "seed0.count").read_text() == "x"
+    assert "calc_agent seed 1 not finished (--collect)" in collected.stdout
+    assert not (out / "calc_agent" / "seed1").exists()  # nothing ran
