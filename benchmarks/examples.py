@@ -495,7 +495,9 @@ def render_and_write(
 ) -> str:
     """Plots into ``out/<name>/``, ``out/examples.md``; with ``write_readmes`` the READMEs and plots
     under ``root``. Returns the markdown."""
-    header: dict[str, Any] = payload["header"]
+    header: dict[str, Any] = dict(payload["header"])
+    if not out.resolve().is_relative_to(root):  # no machine's absolute path in a README: the run folder is <out>
+        header["command"] = str(header["command"]).replace(str(out.resolve()), "<out>")
     runs = [Run(**r["run"]) for r in payload["runs"]]
     names = [n for n in (examples or payload.get("examples") or EXAMPLES) if any(r.example == n for r in runs)]
     parts: list[str] = []
