@@ -59,7 +59,7 @@ async def test_the_example_runs_offline_and_keeps_the_best_prompt(tmp_path: Path
     scored = [c for c in result.candidates if 1 in c.scores]
     best_score = max(c.scores[1] for c in scored)
     assert next(c for c in result.candidates if c.version == result.best_version).scores[1] == best_score
-    assert (result.run_dir / "best_prompt.txt").read_text() == result.best_prompt
+    assert (result.run_dir / "best_prompt.txt").read_bytes().decode("utf-8") == result.best_prompt
     assert len(json.loads((result.run_dir / "candidates.json").read_text())) == len(result.candidates)
     assert len((result.run_dir / "metrics.jsonl").read_text().splitlines()) == len(result.history)
 

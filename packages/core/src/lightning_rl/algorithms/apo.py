@@ -313,7 +313,8 @@ class APO:
         (self.run_dir / "candidates.json").write_text(
             json.dumps([c.record() for c in self._candidates], indent=2, ensure_ascii=False)
         )
-        (self.run_dir / "best_prompt.txt").write_text(best.template)
+        # Exact bytes: an edited prompt may hold "\r", which text-mode newline translation would change.
+        (self.run_dir / "best_prompt.txt").write_bytes(best.template.encode("utf-8"))
         return APOResult(
             self.run_dir, val_before, val_after, metrics.history, best.template, best.version, list(self._candidates)
         )
