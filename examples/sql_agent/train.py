@@ -223,9 +223,9 @@ def warm_start(
 
     Skill: expert demonstrations of the three roles until greedy decoding writes the exact gold query
     for at least 0.6 of the probe questions as writer, and the checker's verdict as checker. Habit: the
-    sloppy demonstrator (queries with probability ``habit_query_rate``) until the writer and the rewriter start a query
-    (its first token, ``select``'s) with mean probability <= 0.25 and greedily on <= 0.1 of the probe
-    prompts. The probe questions are neither training nor held-out questions.
+    sloppy demonstrator (queries with probability ``habit_query_rate``) until the writer and the
+    rewriter start a query (its first token, ``select``'s) with mean probability <= 0.25 and greedily
+    on <= 0.1 of the probe prompts. The probe questions are neither training nor held-out questions.
     """
     from transformers import AutoTokenizer
 
