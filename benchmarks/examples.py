@@ -297,8 +297,9 @@ def _seeds_table(runs: Sequence[Run]) -> list[str]:
     if any(r.resumed for r in runs):
         lines += [
             "",
-            "\\* finished by an earlier invocation of this script that was interrupted; collected with "
-            "`--resume`, its wall time from its log's creation to its last write.",
+            "\\* finished by an earlier invocation of this script with the same `--out` (one that was interrupted, "
+            "or one run beside another on other seeds); collected with `--resume`, its wall time from its log's "
+            "creation to its last write.",
         ]
     return lines
 
@@ -586,7 +587,7 @@ def _log_wall_s(log_path: Path) -> float | None:
 
 
 def resumed_run(root: Path, example: str, seed: int, air: bool, out: Path, extra: Sequence[str]) -> Run | None:
-    """A run an earlier, interrupted invocation finished (``--resume``): its folder's metrics and its log's
+    """A run an earlier invocation finished (``--resume``): its folder's metrics and its log's
     wall time; None when it did not finish (no complete metrics, or no birth time to time it by)."""
     name = f"seed{seed}" + ("" if air else "-noair")
     run_dir, log_path = out / example / name, out / example / f"{name}.log"
