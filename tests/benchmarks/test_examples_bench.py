@@ -110,7 +110,8 @@ def _fake_repo(tmp_path: Path) -> Path:
     return root
 
 
-def _script(*args: str, timeout: float = 50) -> subprocess.CompletedProcess[str]:
+def _script(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """The script in a subprocess; the timeout is only a safety net (a saturated 2-core machine took over 50 s)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
@@ -235,7 +236,7 @@ def test_runs_record_success_timeout_and_crash(tmp_path: Path) -> None:
     assert runs[("calc_agent", 0, False)]["run"]["command"][-2:] == ["--tool-error-reward", "0"]
     assert calc["summary"]["tool_error_first"] == 0.5 and calc["summary"]["tool_error_last"] == 0.2
     hung = runs[("crew_agent", 1, True)]["run"]
-    assert hung["returncode"] is None and hung["error"] == "timed out after 0.05 min" and hung["wall_s"] < 30
+    assert hung["returncode"] is None and hung["error"] == "timed out after 0.05 min" and hung["wall_s"] < 100
     crashed = runs[("sql_agent", 0, True)]["run"]
     assert crashed["returncode"] == 2 and crashed["error"].startswith("exit 2, see ")
     md = (out / "examples.md").read_text()
