@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from lightning_rl.trainer.warm_start import ChatDemo
-from lightning_rl.trainer.warm_start_progress import WarmStartProgress
 
 __all__ = [
     "StagedWarmStartConfig",
@@ -156,6 +155,7 @@ def staged_warm_start(
 
     from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
     from lightning_rl.engine.hf import TransformersEngine
+    from lightning_rl.trainer.warm_start_progress import WarmStartProgress  # rich: a training-side package
 
     cfg = config or StagedWarmStartConfig()
     if not expert or not sloppy:
