@@ -202,8 +202,9 @@ def staged_config(*, seed: int, expert_steps: int = 1500, progress: bool = True)
 
     The habit phase stops after at most 60 steps (the core default is 200): it reaches its targets in
     about 40 when it reaches them at all (seeds 0 and 1: 40 steps), while a run that went on to 200
-    (seed 2) had eroded the report skill (probe 0.90 -> 0.73) and its lookups mostly failed, so RL
-    found nothing to reinforce (held-out 0.04 -> 0.02; benchmarks/examples.py, 2026-11-26)."""
+    (seed 2) had eroded the report skill (probe 0.90 -> 0.73). The cap keeps that skill, but does not
+    make seed 2 learn: with it, RL still drove the researcher off the tool (held-out 0.02 -> 0.01;
+    benchmarks/examples.py, 2026-11-26; issue 22 tracks it)."""
     return StagedWarmStartConfig(
         seed=seed,
         expert_steps=expert_steps,
