@@ -13,8 +13,9 @@ Four parts, each printed as it finishes:
    (``lightning_rl.engine.smollm2``), with the right operation, and what reward does it earn; then
    ``--samples`` sampled first turns per question at temperature 1 (the tool-call rate RL starts from);
 4. **update**: one ``TorchBackend.update`` (GRPO loss, AdamW) on ``--update-batch`` of the sampled
-   transitions, full fine-tuning and LoRA of each rank in ``--lora``, each in a fresh process so
-   its peak memory (max RSS) is its own: seconds and tokens (prompt + response) per second.
+   transitions, full fine-tuning and LoRA of each rank in ``--lora``, each with the prompts run whole
+   and with their common prefix (the tools prompt) run once (``--shared-prefix``), each in a fresh
+   process so its peak memory (max RSS) is its own: seconds and tokens (prompt + response) per second.
 
     uv run python benchmarks/smollm2.py [--threads 2] [--prompts 10] [--lora 8,16]
 
@@ -127,13 +128,15 @@ async def _calculator(engine: TransformersEngine, n_prompts: int, samples: int) 
         )
 
 
-def _update_worker(lora_rank: int, batch: list[dict[str, Any]], threads: int, queue: Any) -> None:
+def _update_worker(lora_rank: int, shared: int, batch: list[dict[str, Any]], threads: int, queue: Any) -> None:
     """One update in a fresh process (its own peak memory); puts (seconds, tokens, max RSS MB) on ``queue``."""
     from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
     from lightning_rl.types import Transition
 
     torch.set_num_threads(threads)
-    config = TorchBackendConfig(lr=1e-5 if lora_rank == 0 else 1e-4, lora_rank=lora_rank, track_kl=False)
+    config = TorchBackendConfig(
+        lr=1e-5 if lora_rank == 0 else 1e-4, lora_rank=lora_rank, track_kl=False, shared_prefix=shared
+    )
     backend = TorchBackend.from_pretrained(resolve_model(MODEL), config)
     transitions = [Transition(**t) for t in batch]
     start, cpu = time.perf_counter(), time.process_time()
@@ -144,7 +147,9 @@ def _update_worker(lora_rank: int, batch: list[dict[str, Any]], threads: int, qu
     queue.put((elapsed, cpu, tokens, _max_rss_mb(), trainable))
 
 
-def _updates(samples: list[tuple[list[int], Any]], size: int, ranks: list[int], threads: int) -> None:
+def _updates(
+    samples: list[tuple[list[int], Any]], size: int, ranks: list[int], shared: list[int], threads: int
+) -> None:
     batch = [
         {
             "prompt_ids": prompt,
@@ -157,13 +162,14 @@ def _updates(samples: list[tuple[list[int], Any]], size: int, ranks: list[int], 
         for i, (prompt, out) in enumerate(samples[:size])
     ]
     context = multiprocessing.get_context("spawn")
-    for rank in [0, *ranks]:
+    for rank, prefix in [(r, p) for r in [0, *ranks] for p in shared]:
         queue = context.Queue()
-        worker = context.Process(target=_update_worker, args=(rank, batch, threads, queue))
+        worker = context.Process(target=_update_worker, args=(rank, prefix, batch, threads, queue))
         worker.start()
         elapsed, cpu, tokens, rss, trainable = queue.get()
         worker.join()
         label = "full fine-tuning" if rank == 0 else f"LoRA rank {rank}"
+        label += f", shared prefix >= {prefix}" if prefix else ""
         print(
             f"update, {label} ({trainable / 1e6:.2f}M trainable): {len(batch)} transitions, {tokens} tokens in "
             f"{elapsed:.1f} s wall = {tokens / elapsed:.0f} tokens/s ({cpu:.1f} s CPU), peak RSS {rss:.0f} MB",
@@ -188,7 +194,8 @@ async def _main(args: argparse.Namespace) -> None:
         if args.prompts:
             await _calculator(engine, args.prompts, args.samples)
     if args.update_batch:
-        _updates(samples, args.update_batch, [int(r) for r in args.lora.split(",") if r], args.threads)
+        ranks = [int(r) for r in args.lora.split(",") if r]
+        _updates(samples, args.update_batch, ranks, [int(p) for p in args.shared_prefix.split(",")], args.threads)
 
 
 def main() -> None:
@@ -200,6 +207,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4, help="sampled first turns per question (0 skips)")
     parser.add_argument("--update-batch", type=int, default=8, help="transitions per update (0 skips)")
     parser.add_argument("--lora", default="8,16", help="LoRA ranks to time besides full fine-tuning ('' for none)")
+    parser.add_argument(
+        "--shared-prefix",
+        default="0,64",
+        help="TorchBackendConfig.shared_prefix values to time each update with (0: every sequence run whole)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads; wall times depend on what else runs (CPU times less)")

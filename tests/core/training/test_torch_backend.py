@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
+from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig, pack_micro_batches
 from lightning_rl.engine.base import SamplingParams
 from lightning_rl.engine.hf import TransformersEngine
 from lightning_rl.types import Transition
@@ -92,6 +92,60 @@ def test_gradient_accumulation_is_exact_whatever_the_micro_batch_size(tiny_model
         grads.append([p.grad.clone() for p in policy.model.parameters() if p.grad is not None])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _prefixed_batch(n: int = 6, prefix: int = 40) -> list[Transition]:
+    """Prompts that share their first ``prefix`` tokens (an agent's system prompt), then differ in length."""
+    gen = torch.Generator().manual_seed(1)
+    common = torch.randint(10, 500, (prefix,), generator=gen).tolist()
+    out: list[Transition] = []
+    for i in range(n):
+        p = common + torch.randint(10, 500, (2 + 3 * i,), generator=gen).tolist()
+        r = torch.randint(10, 500, (2 + i,), generator=gen).tolist()
+        out.append(
+            Transition(
+                prompt_ids=p, response_ids=r, rollout_id=f"r{i % 3}", attempt_id="a", advantage=1.0 if i % 2 else -1.0
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_a_shared_prompt_prefix_run_once_gives_the_same_logprobs_and_gradients(
+    tiny_model_path: Path, lora_rank: int
+) -> None:
+    """``shared_prefix``: the common prefix runs once and its keys/values serve every row (padded rows of
+    other lengths included); logprobs and gradients are those of running every sequence whole."""
+    batch = _prefixed_batch()
+    logprobs: list[list[list[float]]] = []
+    grads: list[list[torch.Tensor]] = []
+    for shared in (0, 16):
+        policy = _policy(
+            tiny_model_path, old_logprobs="recompute", shared_prefix=shared, lora_rank=lora_rank, lr=0.0, seed=3
+        )
+        mb = pack_micro_batches([(t.prompt_ids, t.response_ids) for t in batch], 10_000, policy.pad_token_id)[0]
+        assert policy._shared_prefix_len(mb) == (0 if shared == 0 else 40)  # pyright: ignore[reportPrivateUsage]
+        logprobs.append(policy.logprobs(batch))
+        policy.update(batch)
+        grads.append([p.grad.clone() for p in policy.model.parameters() if p.grad is not None])
+    for a, b in zip(*logprobs, strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-5)
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_no_shared_prefix_below_the_minimum_or_past_the_shortest_prompt(tiny_model_path: Path) -> None:
+    policy = _policy(tiny_model_path, shared_prefix=41)  # the batch shares 40 tokens: not enough
+    batch = _prefixed_batch()
+    mb = pack_micro_batches([(t.prompt_ids, t.response_ids) for t in batch], 10_000, policy.pad_token_id)[0]
+    assert policy._shared_prefix_len(mb) == 0  # pyright: ignore[reportPrivateUsage]
+    same = [Transition(prompt_ids=[5, 6, 7, 8], response_ids=[9], rollout_id=f"r{i}", attempt_id="a") for i in range(3)]
+    policy = _policy(tiny_model_path, shared_prefix=2)
+    mb = pack_micro_batches([(t.prompt_ids, t.response_ids) for t in same], 10_000, policy.pad_token_id)[0]
+    assert policy._shared_prefix_len(mb) == 3  # identical prompts: all but the last prompt token
+    with pytest.raises(ValueError, match="shared_prefix"):
+        TorchBackendConfig(shared_prefix=-1)
 
 
 def test_update_raises_the_likelihood_of_advantaged_responses(tiny_model_path: Path) -> None:
