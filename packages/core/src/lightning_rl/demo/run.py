@@ -51,6 +51,9 @@ class DemoConfig:
 
     seed: int = 0
     run_dir: str = "runs/demo"
+    model: str = "tiny"
+    """``tiny`` (built locally) or any model ``resolve_model`` accepts; ``smollm2-135m`` has its own
+    preset (``DemoConfig.smollm2``)."""
     steps: int = 12
     batch_size: int = 16
     group_size: int = 8
@@ -108,6 +111,13 @@ class DemoConfig:
     val_every: int = 4
     model_overrides: dict[str, Any] = field(default_factory=dict[str, Any])
     """Tiny-model knobs (``TinyModelConfig`` fields)."""
+    lora_rank: int = 0
+    """0 trains every weight (warm start and RL); ``r > 0`` trains LoRA adapters of rank ``r``."""
+    shared_prefix: int = 0
+    """``TorchBackendConfig.shared_prefix``: run the system prompt + tool list once per micro-batch."""
+    tool_token: str = "<tool_call>"
+    """The first token of a tool call in the model's format (the habit phase drives its probability down)."""
+    max_tokens: int = 48
     progress: bool = True
 
     @classmethod
@@ -115,6 +125,38 @@ class DemoConfig:
         """The reduced configuration of CI's learning guard (``lightning-rl demo --quick``): the same
         warm start, fewer and smaller RL steps, 50 held-out tasks; about half the demo's time."""
         settings: dict[str, Any] = {"steps": 6, "batch_size": 8, "n_val": 50, "val_every": 0}
+        return cls(**{**settings, **overrides})
+
+    @classmethod
+    def smollm2(cls, **overrides: Any) -> DemoConfig:
+        """SmolLM2-135M-Instruct (``lightning-rl demo --model smollm2-135m``), sized for 20 minutes on 2
+        CPU cores. The pretrained model writes no tool call at all (benchmarks/smollm2.py), so the warm
+        start teaches the call in a few dozen LoRA steps, then the habit of answering from memory; GRPO
+        with LoRA then has to bring the tool back. Why each number: docs/models.md."""
+        settings: dict[str, Any] = {
+            "model": "smollm2-135m",
+            "steps": 8,
+            "batch_size": 8,
+            "group_size": 4,
+            "n_train": 200,
+            "n_val": 50,
+            "n_probe": 16,
+            "expert_steps": 40,
+            "probe_every": 5,
+            "report_per_task": 1,
+            "polish_steps": 5,
+            "habit_steps": 40,
+            "habit_min_steps": 5,
+            "habit_every": 5,
+            "sft_batch_size": 8,
+            "sft_lr": 1e-3,
+            "habit_lr": 1e-3,
+            "rl_lr": 2e-4,
+            "val_every": 0,
+            "lora_rank": 16,
+            "shared_prefix": 64,
+            "tool_token": "<",
+        }
         return cls(**{**settings, **overrides})
 
 
@@ -125,6 +167,7 @@ class DemoResult:
     val_trained: float | None
     seconds: float
     train: TrainResult
+    model: str = "tiny"
 
 
 def warm_start(
@@ -165,6 +208,9 @@ def warm_start(
             batch_size=cfg.sft_batch_size,
             lr=cfg.sft_lr,
             habit_lr=cfg.habit_lr,
+            tool_token=cfg.tool_token,
+            lora_rank=cfg.lora_rank,
+            shared_prefix=cfg.shared_prefix,
             progress=cfg.progress,
         ),
     )
@@ -181,13 +227,21 @@ def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig, **overrides: 
         "group_size": cfg.group_size,
         "temperature": cfg.temperature,
         "val_temperature": cfg.val_temperature,
-        "max_tokens": 48,
+        "max_tokens": cfg.max_tokens,
         "val_every": cfg.val_every,
         "air": {"tool_error": -0.1},
         "seed": cfg.seed,
         "progress": cfg.progress,
         "concurrency": cfg.batch_size * cfg.group_size,
-        "backend": TorchBackendConfig(lr=cfg.rl_lr, seed=cfg.seed, old_logprobs="sampled", temperature=cfg.temperature),
+        "backend": TorchBackendConfig(
+            lr=cfg.rl_lr,
+            seed=cfg.seed,
+            old_logprobs="sampled",
+            temperature=cfg.temperature,
+            lora_rank=cfg.lora_rank,
+            lora_alpha=2 * cfg.lora_rank if cfg.lora_rank else 16,
+            shared_prefix=cfg.shared_prefix,
+        ),
     }
     return TrainerConfig(**{**settings, **overrides})
 
@@ -199,7 +253,10 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     started = time.perf_counter()
     _quiet_hf_bars()
     run_dir = Path(cfg.run_dir)
-    base = resolve_model("tiny") if not cfg.model_overrides else _tiny(cfg.model_overrides)
+    if cfg.model != "tiny":
+        base = resolve_model(cfg.model)
+    else:
+        base = resolve_model("tiny") if not cfg.model_overrides else _tiny(cfg.model_overrides)
     # One draw of distinct questions, split: training, held-out (validation only), probe (warm-start checks).
     tasks = make_tasks(cfg.n_train + cfg.n_val + cfg.n_probe, seed=cfg.seed)
     train = tasks[: cfg.n_train]
@@ -208,7 +265,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     warm = warm_start(base, run_dir / "warm_start", cfg, train, probe)
     trainer = Trainer(demo_trainer_config(str(warm), str(run_dir), cfg))
     result = trainer.fit(calculator_agent, train, val)
-    return DemoResult(run_dir, result.val_before, result.val_after, time.perf_counter() - started, result)
+    return DemoResult(run_dir, result.val_before, result.val_after, time.perf_counter() - started, result, cfg.model)
 
 
 def _quiet_hf_bars() -> None:
@@ -235,7 +292,8 @@ def print_summary(result: DemoResult) -> None:
     def fmt(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
-    table = Table(title="Held-out reward (calculator agent, tiny model, CPU)")
+    name = "tiny model" if result.model == "tiny" else result.model
+    table = Table(title=f"Held-out reward (calculator agent, {name}, CPU)")
     table.add_column("policy")
     table.add_column("mean reward", justify="right")
     table.add_row("warm-started base", fmt(result.val_base))

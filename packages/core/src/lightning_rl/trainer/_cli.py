@@ -24,6 +24,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's tuned value)")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     p.add_argument(
+        "--model",
+        default="tiny",
+        choices=["tiny", "smollm2-135m"],
+        help="tiny: built locally (minutes); smollm2-135m: the real SmolLM2-135M-Instruct of the smollm2 extra "
+        "(about 20 minutes on 2 cores)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="the reduced configuration of CI's learning guard (fewer, smaller RL steps; 50 held-out tasks)",
@@ -57,12 +64,18 @@ def _demo(args: argparse.Namespace) -> int:
 
     from lightning_rl.extras import require_extra
 
-    require_extra("server", "train", feature="lightning-rl demo")  # one line naming the pip command
+    extras = ("server", "train", "smollm2") if args.model == "smollm2-135m" else ("server", "train")
+    require_extra(*extras, feature=f"lightning-rl demo --model {args.model}")  # one line naming the pip command
     from lightning_rl.demo.run import DemoConfig, print_summary, run_demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     settings: dict[str, Any] = {"seed": args.seed, "run_dir": args.out, "progress": not args.quiet}
-    cfg = DemoConfig.quick(**settings) if args.quick else DemoConfig(**settings)
+    if args.model == "smollm2-135m":
+        if args.quick:
+            raise SystemExit("--quick is the tiny model's CI configuration; run --model smollm2-135m without it.")
+        cfg = DemoConfig.smollm2(**settings)
+    else:
+        cfg = DemoConfig.quick(**settings) if args.quick else DemoConfig(**settings)
     if args.steps is not None:
         cfg.steps = args.steps
     result = run_demo(cfg)

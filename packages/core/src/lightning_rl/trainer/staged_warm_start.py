@@ -68,6 +68,13 @@ class StagedWarmStartConfig:
     """The token the good behaviour starts with, whose probability the habit phase drives down: a tool
     call's first token by default; an agent whose good move is not a tool call names its own (e.g. the
     first token of a query it should write instead of guessing)."""
+    lora_rank: int = 0
+    """0 fine-tunes every weight (the tiny model). ``r > 0`` trains LoRA adapters of rank ``r`` (alpha
+    ``2r``) through all three phases and merges them into the saved folder: a pretrained model keeps
+    what it knows, and the steps are cheaper (SmolLM2's demo)."""
+    shared_prefix: int = 0
+    """``TorchBackendConfig.shared_prefix`` of the warm start's backends: demonstrations share the
+    agent's system prompt and tool list, run once per micro-batch when it is at least this long."""
     progress: bool = True
 
 
@@ -184,7 +191,17 @@ def staged_warm_start(
         habit_ex = [p for p, _ in encode(habit_prompts)]
 
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-        backend = TorchBackend(model, TorchBackendConfig(lr=cfg.lr, seed=cfg.seed, track_kl=False))
+        backend = TorchBackend(
+            model,
+            TorchBackendConfig(
+                lr=cfg.lr,
+                seed=cfg.seed,
+                track_kl=False,
+                lora_rank=cfg.lora_rank,
+                lora_alpha=2 * cfg.lora_rank if cfg.lora_rank else 16,
+                shared_prefix=cfg.shared_prefix,
+            ),
+        )
         losses: list[float] = []
 
         def probe_skills() -> dict[str, float]:
@@ -224,7 +241,11 @@ def staged_warm_start(
                 )
             polished = probe_skills()
             # phase 2: the habit of answering from memory
-            habit = TorchBackend(model, TorchBackendConfig(lr=cfg.habit_lr, seed=cfg.seed + 1, track_kl=False))
+            # with LoRA the adapters already wrap the model: this optimizer trains those same adapters
+            habit = TorchBackend(
+                backend.model,
+                TorchBackendConfig(lr=cfg.habit_lr, seed=cfg.seed + 1, track_kl=False, shared_prefix=cfg.shared_prefix),
+            )
             habit_done = 0
             while habit_done < cfg.habit_steps:
                 chunk = min(cfg.habit_every, cfg.habit_steps - habit_done)
@@ -247,7 +268,8 @@ def staged_warm_start(
             losses,
         )
         out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir)
+        adapted: Any = backend.model  # a peft wrapper when cfg.lora_rank: its adapters merge into the weights
+        (adapted.merge_and_unload() if cfg.lora_rank else model).save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
     finally:
         engine.close()
