@@ -18,6 +18,13 @@ on another. ``--readme FILE`` replaces the text between ``<!-- learning:begin --
     uv run python benchmarks/learning.py --seeds 0 --repeat 3             # run-to-run spread of one seed
     uv run python benchmarks/learning.py --seeds 0-4 --threads 1          # another thread count
     uv run python benchmarks/learning.py --paste runs/learning/learning.md --readme README.md  # paste an earlier run
+    uv run python benchmarks/learning.py --seeds 0-2 --block smollm2-demo --readme README.md -- --model smollm2-135m
+
+Each row also shows the run's peak memory (the demo process's max RSS, read with ``os.wait4``) and the
+median over its steps of the rollout and update throughput that ``metrics.jsonl`` records
+(``train/rollout_tokens_per_s``: generated tokens per second of a step's rollouts;
+``train/update_tokens_per_s``: response tokens trained per second of the update). ``--block NAME``
+pastes into ``<!-- NAME:begin -->`` ... ``<!-- NAME:end -->`` instead of the ``learning`` block.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Any
 
 from _common import cpu_name, git_commit, parse_seeds
 
-BEGIN, END = "<!-- learning:begin -->", "<!-- learning:end -->"
+DEFAULT_BLOCK = "learning"
 
 
 @dataclass
@@ -50,6 +57,9 @@ class RunResult:
     after: float
     wall_s: float
     curve: list[tuple[int, float]] = field(default_factory=list[tuple[int, float]])
+    peak_rss_mb: float = 0.0
+    rollout_tokens_per_s: float = 0.0
+    update_tokens_per_s: float = 0.0
 
     @property
     def gain(self) -> float:
@@ -67,6 +77,13 @@ def held_out_curve(metrics: Path) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r["val/reward_mean"])) for r in rows if "val/reward_mean" in r]
 
 
+def median_metric(metrics: Path, key: str) -> float:
+    """The median of ``key`` over the steps of ``metrics.jsonl`` that record it (0.0 if none)."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    values = [float(r[key]) for r in rows if key in r]
+    return statistics.median(values) if values else 0.0
+
+
 def run_one(seed: int, repeat: int, out: Path, threads: int | None, extra: list[str]) -> RunResult:
     run_dir = out / f"seed{seed}" if repeat == 0 else out / f"seed{seed}-r{repeat}"
     if run_dir.exists():
@@ -79,14 +96,28 @@ def run_one(seed: int, repeat: int, out: Path, threads: int | None, extra: list[
     started = time.perf_counter()
     log_path = out / f"{run_dir.name}.log"
     with log_path.open("w") as log:
-        proc = subprocess.run(demo_command(seed, run_dir, extra), env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(demo_command(seed, run_dir, extra), env=env, stdout=log, stderr=subprocess.STDOUT)
+        # wait4: this child's own resource usage (its peak RSS), whatever other runs do at the same time
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"the demo failed for seed {seed} (exit {proc.returncode}); see {log_path}")
-    curve = held_out_curve(run_dir / "metrics.jsonl")
+    metrics = run_dir / "metrics.jsonl"
+    curve = held_out_curve(metrics)
     if len(curve) < 2:
         raise SystemExit(f"seed {seed}: metrics.jsonl has {len(curve)} held-out rows; expected before and after")
-    return RunResult(seed, repeat, curve[0][1], curve[-1][1], wall, curve)
+    return RunResult(
+        seed,
+        repeat,
+        curve[0][1],
+        curve[-1][1],
+        wall,
+        curve,
+        peak_rss_mb=usage.ru_maxrss / 1024,
+        rollout_tokens_per_s=median_metric(metrics, "train/rollout_tokens_per_s"),
+        update_tokens_per_s=median_metric(metrics, "train/update_tokens_per_s"),
+    )
 
 
 def table(results: list[RunResult], header: dict[str, str]) -> str:
@@ -94,12 +125,14 @@ def table(results: list[RunResult], header: dict[str, str]) -> str:
         f"Generated {header['date']} at commit `{header['commit']}` by `{header['command']}` "
         f"({header['machine']}; torch threads: {header['threads']}).",
         "",
-        "| seed | run | held-out before | after | gain | wall |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| seed | run | held-out before | after | gain | wall | peak RSS | rollout tok/s | update tok/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         cells = [str(r.seed), str(r.repeat + 1), f"{r.before:.2f}", f"{r.after:.2f}", f"**{r.gain:+.2f}**"]
-        lines.append("| " + " | ".join([*cells, f"{r.wall_s / 60:.1f} min"]) + " |")
+        cells += [f"{r.wall_s / 60:.1f} min", f"{r.peak_rss_mb / 1024:.1f} GB"]
+        cells += [f"{r.rollout_tokens_per_s:.0f}", f"{r.update_tokens_per_s:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     gains = [r.gain for r in results]
     walls = [r.wall_s / 60 for r in results]
     lines += [
@@ -135,7 +168,7 @@ def plot(results: list[RunResult], path: Path) -> None:
         steps, values = zip(*r.curve, strict=True)
         ax.plot(steps, values, marker="o", label=f"seed {r.seed}" + (f" (run {r.repeat + 1})" if r.repeat else ""))
     ax.set_xlabel("GRPO step")
-    ax.set_ylabel("held-out reward (100 unseen tasks)")
+    ax.set_ylabel("held-out reward (unseen tasks)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("lightning-rl demo: held-out reward per seed")
     ax.grid(alpha=0.3)
@@ -145,12 +178,13 @@ def plot(results: list[RunResult], path: Path) -> None:
     plt.close(fig)
 
 
-def update_readme(readme: Path, text: str) -> None:
+def update_readme(readme: Path, text: str, block: str = DEFAULT_BLOCK) -> None:
+    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
     content = readme.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if not pattern.search(content):
-        raise SystemExit(f"{readme} has no {BEGIN} ... {END} block to replace")
-    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", content))
+        raise SystemExit(f"{readme} has no {begin} ... {end} block to replace")
+    readme.write_text(pattern.sub(lambda _: f"{begin}\n{text}{end}", content))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default="runs/learning", help="folder for the runs, table, plot and json")
     ap.add_argument("--readme", default=None, help="replace the learning block of this file with the table")
+    ap.add_argument("--block", default=DEFAULT_BLOCK, help="the README block to replace: <!-- BLOCK:begin -->")
     ap.add_argument(
         "--paste",
         default=None,
@@ -177,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.paste:
         if not args.readme:
             raise SystemExit("--paste needs --readme FILE: the file whose learning block gets the table")
-        update_readme(Path(args.readme), Path(args.paste).read_text())
+        update_readme(Path(args.readme), Path(args.paste).read_text(), args.block)
         return 0
     if args.repeat < 1:
         raise SystemExit("--repeat must be >= 1")
@@ -212,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "learning.json").write_text(json.dumps(payload, indent=2))
     plot(results, out / "learning.png")
     if args.readme:
-        update_readme(Path(args.readme), text)
+        update_readme(Path(args.readme), text, args.block)
     return 0
 
 

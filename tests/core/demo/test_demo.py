@@ -129,3 +129,45 @@ def test_warm_start_progress_prints_periodic_lines_without_a_terminal(capsys: py
     with WarmStartProgress(3, console=Console(force_terminal=False), enabled=False) as bar:
         bar.on_step(0, 1.0, 1e-3)
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.slow  # the real SmolLM2-135M: one LoRA warm-start chunk, one GRPO step on four rollouts
+def test_the_smollm2_demo_runs_end_to_end_with_small_settings(tmp_path: Path) -> None:
+    """``lightning-rl demo --model smollm2-135m``'s pipeline on the real model, shrunk: LoRA warm start
+    merged into a saved folder that loads, shared-prefix updates, one GRPO step, held-out before/after."""
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    try:
+        from lightning_rl.engine.smollm2 import smollm2_gguf_path
+
+        smollm2_gguf_path()
+    except (ImportError, FileNotFoundError) as exc:
+        pytest.skip(f"the smollm2 extra is not installed: {exc}")
+    from lightning_rl.demo.run import DemoConfig, run_demo
+
+    cfg = DemoConfig.smollm2(
+        run_dir=str(tmp_path / "demo"),
+        steps=1,
+        batch_size=2,
+        group_size=2,
+        n_train=8,
+        n_val=2,
+        n_probe=2,
+        expert_steps=2,
+        probe_every=2,
+        polish_steps=0,
+        habit_steps=1,
+        habit_min_steps=1,
+        habit_every=1,
+        sft_batch_size=2,
+        max_tokens=24,
+        progress=False,
+    )
+    result = run_demo(cfg)
+    assert result.model == "smollm2-135m"
+    assert result.val_base is not None and result.val_trained is not None
+    warm = tmp_path / "demo" / "warm_start"
+    config = json.loads((warm / "config.json").read_text())
+    assert config["model_type"] == "llama"  # merged LoRA: a plain model folder, no adapter files
+    assert not list(warm.glob("adapter_*"))
+    assert (tmp_path / "demo" / "metrics.jsonl").read_text().count("train/reward_mean") == 1

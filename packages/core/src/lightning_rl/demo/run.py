@@ -118,6 +118,8 @@ class DemoConfig:
     tool_token: str = "<tool_call>"
     """The first token of a tool call in the model's format (the habit phase drives its probability down)."""
     max_tokens: int = 48
+    micro_batch_tokens: int = 16_384
+    """``TorchBackendConfig.micro_batch_tokens``: padded tokens per forward of the update."""
     progress: bool = True
 
     @classmethod
@@ -135,9 +137,9 @@ class DemoConfig:
         with LoRA then has to bring the tool back. Why each number: docs/models.md."""
         settings: dict[str, Any] = {
             "model": "smollm2-135m",
-            "steps": 8,
+            "steps": 20,
             "batch_size": 8,
-            "group_size": 4,
+            "group_size": 8,
             "n_train": 200,
             "n_val": 50,
             "n_probe": 16,
@@ -151,10 +153,11 @@ class DemoConfig:
             "sft_batch_size": 8,
             "sft_lr": 1e-3,
             "habit_lr": 1e-3,
-            "rl_lr": 2e-4,
+            "rl_lr": 5e-4,
             "val_every": 0,
             "lora_rank": 16,
             "shared_prefix": 64,
+            "micro_batch_tokens": 4096,
             "tool_token": "<",
         }
         return cls(**{**settings, **overrides})
@@ -241,6 +244,7 @@ def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig, **overrides: 
             lora_rank=cfg.lora_rank,
             lora_alpha=2 * cfg.lora_rank if cfg.lora_rank else 16,
             shared_prefix=cfg.shared_prefix,
+            micro_batch_tokens=cfg.micro_batch_tokens,
         ),
     }
     return TrainerConfig(**{**settings, **overrides})
