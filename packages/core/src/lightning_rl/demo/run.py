@@ -137,7 +137,7 @@ class DemoConfig:
         with LoRA then has to bring the tool back. Why each number: docs/models.md."""
         settings: dict[str, Any] = {
             "model": "smollm2-135m",
-            "steps": 20,
+            "steps": 10,
             "batch_size": 8,
             "group_size": 8,
             "n_train": 200,
@@ -154,7 +154,7 @@ class DemoConfig:
             "sft_lr": 1e-3,
             "habit_lr": 1e-3,
             "rl_lr": 5e-4,
-            "val_every": 0,
+            "val_every": 5,
             "lora_rank": 16,
             "shared_prefix": 64,
             "micro_batch_tokens": 4096,
