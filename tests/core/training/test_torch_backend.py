@@ -124,7 +124,7 @@ def test_a_shared_prompt_prefix_run_once_gives_the_same_logprobs_and_gradients(
             tiny_model_path, old_logprobs="recompute", shared_prefix=shared, lora_rank=lora_rank, lr=0.0, seed=3
         )
         mb = pack_micro_batches([(t.prompt_ids, t.response_ids) for t in batch], 10_000, policy.pad_token_id)[0]
-        assert policy._shared_prefix_len(mb) == (0 if shared == 0 else 40)  # pyright: ignore[reportPrivateUsage]
+        assert policy.shared_prefix_len(mb) == (0 if shared == 0 else 40)
         logprobs.append(policy.logprobs(batch))
         policy.update(batch)
         grads.append([p.grad.clone() for p in policy.model.parameters() if p.grad is not None])
@@ -139,11 +139,11 @@ def test_no_shared_prefix_below_the_minimum_or_past_the_shortest_prompt(tiny_mod
     policy = _policy(tiny_model_path, shared_prefix=41)  # the batch shares 40 tokens: not enough
     batch = _prefixed_batch()
     mb = pack_micro_batches([(t.prompt_ids, t.response_ids) for t in batch], 10_000, policy.pad_token_id)[0]
-    assert policy._shared_prefix_len(mb) == 0  # pyright: ignore[reportPrivateUsage]
+    assert policy.shared_prefix_len(mb) == 0
     same = [Transition(prompt_ids=[5, 6, 7, 8], response_ids=[9], rollout_id=f"r{i}", attempt_id="a") for i in range(3)]
     policy = _policy(tiny_model_path, shared_prefix=2)
     mb = pack_micro_batches([(t.prompt_ids, t.response_ids) for t in same], 10_000, policy.pad_token_id)[0]
-    assert policy._shared_prefix_len(mb) == 3  # identical prompts: all but the last prompt token
+    assert policy.shared_prefix_len(mb) == 3  # identical prompts: all but the last prompt token
     with pytest.raises(ValueError, match="shared_prefix"):
         TorchBackendConfig(shared_prefix=-1)
 

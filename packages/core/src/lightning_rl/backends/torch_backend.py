@@ -265,7 +265,7 @@ class TorchBackend:
             dtype=torch.long,
             device=self.device,
         )
-        shared = self._shared_prefix_len(mb)
+        shared = self.shared_prefix_len(mb)
         split = _split_head(model)
         if shared:
             # the common prefix once (batch 1, with gradient), its keys/values repeated for every row,
@@ -292,7 +292,7 @@ class TorchBackend:
         with torch.no_grad():
             return logp, token_entropy(dist.detach())
 
-    def _shared_prefix_len(self, mb: MicroBatch) -> int:
+    def shared_prefix_len(self, mb: MicroBatch) -> int:
         """Tokens at the start that every row of ``mb`` shares, if at least ``config.shared_prefix`` (else 0).
 
         At most the shortest prompt minus one token: the position that predicts a row's first response
