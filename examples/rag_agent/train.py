@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--polish-steps", type=int, default=150, help="warm start: expert steps at a decaying rate")
     parser.add_argument("--habit-steps", type=int, default=200, help="warm start: at most this many habit steps")
+    parser.add_argument(
+        "--untrainable-roles",
+        choices=["frozen", "shared"],
+        default="frozen",
+        help="frozen: the planner is answered by the starting weights; shared: by the policy under training",
+    )
     parser.add_argument("--tool-error-reward", type=float, default=-0.1, help="AIR tool_error reward (0: AIR off)")
     parser.add_argument("--out", default="runs/rag_agent", help="run folder (metrics.jsonl, reward_curve.png)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the split, the warm start and RL")
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> float | None:
         val_temperature=0.0,  # greedy held-out decoding: the score is a property of the weights
         val_every=args.val_every,
         air=air,
+        untrainable_roles=args.untrainable_roles,
         seed=args.seed,
         progress=not args.quiet,
         concurrency=args.batch_size * args.group_size,

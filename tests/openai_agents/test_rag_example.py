@@ -175,6 +175,10 @@ def test_the_example_trains_end_to_end_and_writes_metrics(tmp_path: Path) -> Non
         assert row["train/n_rollouts"] == 4 and row["train/failed_rollouts"] == 0
         # every rollout reaches the answerer (trained); the planner's calls are recorded, not trained
         assert row["train/n_transitions"] >= 4 and row["train/untrainable_calls"] >= 4
+    # the planner is answered by the starting weights (untrainable_roles="frozen", the default here),
+    # the answerer by the policy, which step 1's update moved to version 1
+    assert [r["train/role/planner/weights_version"] for r in steps] == [0.0, 0.0]
+    assert [r["train/role/answerer/weights_version"] for r in steps] == [0.0, 1.0]
     assert json.loads((out / "warm_start" / "warm_start.json").read_text())["examples"] > 0
 
 
@@ -212,3 +216,4 @@ def test_the_run_file_trains_the_same_app_with_lightning_rl_train(tmp_path: Path
         assert row["train/n_rollouts"] == 4 and row["train/failed_rollouts"] == 0
         # the plugin routed both agents: the answerer's calls trained, the planner's recorded only
         assert row["train/n_transitions"] >= 4 and row["train/untrainable_calls"] >= 4
+        assert row["train/role/planner/weights_version"] == 0.0  # config.toml: untrainable_roles = "frozen"

@@ -13,6 +13,7 @@ from lightning_rl.adapter import air_policy
 from lightning_rl.errors import IncompatibleFrameworkError
 from lightning_rl.plugins import (
     Instrumentor,
+    declared_trainable,
     PluginFailures,
     acting_as,
     current_route,
@@ -277,3 +278,31 @@ def test_a_plugin_whose_framework_is_missing_says_how_to_install_it(monkeypatch:
         load_plugin("ghost")
     [info] = registry.describe_plugins()  # listed, not raised: one broken plugin hides no other
     assert info.name == "ghost" and not info.ok and "cannot load" in info.framework
+
+
+class _Other(_CountingInstrumentor):
+    name = "other"
+
+
+def test_declared_trainable_combines_the_instrumented_plugins_selections() -> None:
+    one, other = _CountingInstrumentor(), _Other()
+    assert declared_trainable("writer") is None  # nothing instrumented: the trainer decides
+    one.instrument(trainable=["writer"])
+    try:
+        assert declared_trainable("writer") is True
+        assert declared_trainable("critic") is False  # a role was named trainable: the rest are not
+        assert declared_trainable(None) is False
+        other.instrument(trainable=["critic"])
+        try:
+            assert declared_trainable("critic") is True  # either plugin's selection counts
+            assert declared_trainable("planner") is False
+        finally:
+            other.uninstrument()
+        other.instrument()  # instrumented without a selection: says nothing
+        try:
+            assert declared_trainable("critic") is False
+        finally:
+            other.uninstrument()
+    finally:
+        one.uninstrument()
+    assert declared_trainable("writer") is None

@@ -248,3 +248,39 @@ def test_a_two_role_run_logs_each_role_and_trains_only_the_writer(tmp_path: Path
     assert table["writer"]["trained_transitions"] == (4.0, 4.0)
     assert table["team_critic"]["calls"] == (4.0, 4.0)
     assert role_table(rows, "val")["writer"]["calls"] == (2.0, 2.0)
+
+
+def test_untrainable_roles_frozen_keeps_the_critic_on_the_starting_weights(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    cfg = TrainerConfig(
+        model=str(tiny_model_path),
+        run_dir=str(tmp_path / "run"),
+        steps=2,
+        batch_size=2,
+        group_size=2,
+        max_tokens=8,
+        val_every=0,
+        tensorboard=False,
+        progress=False,
+        rollout_timeout_s=60,
+        untrainable_roles="frozen",
+        skip_zero_advantage=False,  # every step updates, so the writer's version must move
+        backend=TorchBackendConfig(lr=1e-2, old_logprobs="sampled"),
+    )
+    tasks = [Task(input={"q": "say something about cats", "err": False}), Task(input={"q": "and dogs", "err": False})]
+    result = Trainer(cfg, trainable=["writer"]).fit(writer_and_frozen_critic, tasks, val_tasks=tasks)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/reward_mean" in r]
+    val = [r for r in rows if "val/reward_mean" in r]
+    # step 1 samples with the starting weights (version 0); its update publishes version 1 for step 2
+    assert [r["train/role/writer/weights_version"] for r in train] == [0.0, 1.0]
+    assert [r["train/role/team_critic/weights_version"] for r in train] == [0.0, 0.0]
+    assert [r["val/role/writer/weights_version"] for r in val] == [0.0, 2.0]
+    assert [r["val/role/team_critic/weights_version"] for r in val] == [0.0, 0.0]
+    assert all(r["train/role/team_critic/trained_transitions"] == 0 for r in train)
+
+
+def test_untrainable_roles_must_be_shared_or_frozen() -> None:
+    with pytest.raises(ValueError, match="'shared' or 'frozen'"):
+        TrainerConfig(untrainable_roles="kept")  # pyright: ignore[reportArgumentType]

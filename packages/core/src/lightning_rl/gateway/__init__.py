@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_rl.gateway.app import GatewayConfig, create_gateway_app
+    from lightning_rl.gateway.frozen import FrozenRolesBackend
     from lightning_rl.gateway.recording import CallContext, build_llm_spans
     from lightning_rl.gateway.server import running_gateway, uvicorn_config
     from lightning_rl.gateway.upstreams import (
@@ -38,6 +39,7 @@ __all__ = [
     "CallResult",
     "ChoiceResult",
     "StreamPiece",
+    "FrozenRolesBackend",
     # recording
     "CallContext",
     "build_llm_spans",
@@ -55,6 +57,7 @@ _WHERE = {
     "CallResult": "upstreams",
     "ChoiceResult": "upstreams",
     "StreamPiece": "upstreams",
+    "FrozenRolesBackend": "frozen",
     "CallContext": "recording",
     "build_llm_spans": "recording",
 }

@@ -348,6 +348,7 @@ class _Gateway:
                 tool_choice=req.tool_choice,
                 want_logprobs=want_lp,
                 body=body,
+                role=ctx.role,
             )
             rid = new_call_id("chatcmpl-")
             created = int(time.time())
@@ -417,7 +418,9 @@ class _Gateway:
             want_lp = req.logprobs is not None
             params = self._params(req.temperature, req.top_p, max_tokens, req.stop_list(), req.seed, req.logprobs or 0)
             specs = [
-                CallSpec("completion", params, n, req.max_tokens, prompt=p, want_logprobs=want_lp, body=body)
+                CallSpec(
+                    "completion", params, n, req.max_tokens, prompt=p, want_logprobs=want_lp, body=body, role=ctx.role
+                )
                 for p in prompts
             ]
             rid = new_call_id("cmpl-")
@@ -484,6 +487,7 @@ class _Gateway:
                 tools=tools,
                 tool_choice=tool_choice,
                 body=chat_body,
+                role=ctx.role,
             )
             rid = new_call_id("resp_")
             created = int(time.time())

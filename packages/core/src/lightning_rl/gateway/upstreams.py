@@ -65,6 +65,8 @@ class CallSpec:
     prompt: str | list[int] | None = None
     want_logprobs: bool = False
     body: dict[str, Any] = field(default_factory=dict[str, Any])
+    role: str | None = None
+    """The agent role that made the call (the URL's ``/roles/...`` or ``X-Lightning-Role``), if any."""
 
     @property
     def parse_tools(self) -> bool:

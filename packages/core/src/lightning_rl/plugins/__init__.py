@@ -9,7 +9,7 @@ and registers under the ``lightning_rl.plugins`` entry-point group.
 
 from __future__ import annotations
 
-from lightning_rl.plugins.base import Instrumentor, framework_version, version_in_range
+from lightning_rl.plugins.base import Instrumentor, declared_trainable, framework_version, version_in_range
 from lightning_rl.plugins.patches import Patches, http_client_of
 from lightning_rl.plugins.record import PluginFailures, guarded, record_error, record_role, record_tool
 from lightning_rl.plugins.registry import (
@@ -40,6 +40,7 @@ from lightning_rl.plugins.tool_calls import ToolCallRef, same_arguments, tool_ca
 
 __all__ = [
     "Instrumentor",
+    "declared_trainable",
     "framework_version",
     "version_in_range",
     "Patches",

@@ -23,7 +23,7 @@ from lightning_rl.errors import IncompatibleFrameworkError
 from lightning_rl.plugins.patches import Patches
 from lightning_rl.roles import RoleSelector, RoleSpec
 
-__all__ = ["Instrumentor", "framework_version", "version_in_range"]
+__all__ = ["Instrumentor", "declared_trainable", "framework_version", "version_in_range"]
 
 _log = logging.getLogger(__name__)
 
@@ -201,3 +201,20 @@ class Instrumentor(ABC):
 
     def _uninstrument(self) -> None:  # noqa: B027 - optional: most plugins need only the handle
         """Undo what ``_instrument`` did outside ``self.patches`` (run before the handle restores)."""
+
+
+def declared_trainable(role: str | None) -> bool | None:
+    """Whether the instrumented plugins of this process declare ``role`` trainable.
+
+    True when any plugin's ``instrument(trainable=...)`` selects it, False when some plugin made a
+    selection and none selects it, None when no instrumented plugin made one (the trainer then
+    decides). The same rule as the adapter's for calls no plugin declared: once a role is named
+    trainable, everything else is not. Read at call time (the trainer's frozen-role routing asks it
+    for every call), so it follows ``instrument()``/``uninstrument()`` as they happen.
+    """
+    with Instrumentor._instances_lock:  # pyright: ignore[reportPrivateUsage]
+        plugins = list(Instrumentor._instances.values())  # pyright: ignore[reportPrivateUsage]
+    answers = [p.is_trainable(role) for p in plugins if p.is_instrumented]
+    if any(a is True for a in answers):
+        return True
+    return False if any(a is False for a in answers) else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from lightning_rl.adapter import AIRPolicy
 from lightning_rl.backends.torch_backend import TorchBackendConfig
@@ -48,6 +48,12 @@ class TrainerConfig:
     air: AIRPolicy = field(default_factory=dict[str, float])
     """Automatic intermediate rewards: signal name -> reward per occurrence, e.g. {"tool_error": -0.1}
     (see ``lightning_rl.adapter.air_policy``)."""
+    untrainable_roles: Literal["shared", "frozen"] = "shared"
+    """What answers the roles that are not trained. ``shared``: the policy under training (one set of
+    weights, so as the trainable roles learn, what the other roles say changes too). ``frozen``: a
+    second copy of the starting weights that no update reaches (one more copy of the model in memory;
+    their calls keep recording weights version 0). Which roles are untrainable: ``Trainer(trainable=...)``
+    when given, else the plugins' ``instrument(trainable=...)`` in this process."""
     skip_zero_advantage: bool = True
     """Leave transitions with zero advantage out of the update (no gradient without a KL term)."""
     update_rule: str = "policy_gradient"
@@ -105,6 +111,10 @@ class TrainerConfig:
         if self.update_rule not in update_rule_names():
             raise ValueError(
                 f"TrainerConfig.update_rule {self.update_rule!r} is unknown; known: {', '.join(update_rule_names())}."
+            )
+        if self.untrainable_roles not in ("shared", "frozen"):
+            raise ValueError(
+                f"TrainerConfig.untrainable_roles must be 'shared' or 'frozen', got {self.untrainable_roles!r}."
             )
         if self.temperature <= 0:
             raise ValueError("training needs temperature > 0 (greedy sampling has no policy gradient).")

@@ -31,6 +31,7 @@ from lightning_rl.agent import AgentFn
 from lightning_rl.algorithms.base import TrainResult
 from lightning_rl.capture import retokenize_samples
 from lightning_rl.credit import RolloutSample
+from lightning_rl.plugins.base import declared_trainable
 from lightning_rl.roles import RoleSelector, RoleSpec
 from lightning_rl.store.base import LightningStore
 from lightning_rl.trainer.config import TrainerConfig
@@ -137,6 +138,7 @@ class Trainer:
         self.trainable = None if trainable is None else RoleSelector.of(trainable)
         self.run_dir = Path(self.config.run_dir)
         self.update_rule: UpdateRule = make_update_rule(self.config)
+        self._warned_undeclared = False
 
     def fit(self, agent: AgentFn | None, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()) -> TrainResult:
         """Train ``agent`` on ``train_tasks``; report held-out reward on ``val_tasks`` before and after.
@@ -208,7 +210,24 @@ class Trainer:
 
     def _services(self, agent: AgentFn | None) -> AbstractAsyncContextManager[Services]:
         """The store, gateway, backend and runner of this run (``VerlTrainer`` swaps in VeRL's)."""
-        return start_services(self.config, agent)
+        frozen = self._is_frozen if self.config.untrainable_roles == "frozen" else None
+        return start_services(self.config, agent, frozen)
+
+    def _is_frozen(self, role: str | None) -> bool:
+        """Whether a call of ``role`` is answered by the frozen weights (``untrainable_roles="frozen"``):
+        the role is not trainable by ``Trainer(trainable=...)``, or, without it, by the plugins'
+        declarations (a role no plugin selected, once some role was selected)."""
+        if self.trainable is not None:
+            return not self.trainable(role)
+        declared = declared_trainable(role)
+        if declared is None and not self._warned_undeclared:
+            self._warned_undeclared = True
+            log.warning(
+                "untrainable_roles='frozen', but no trainable role is known when a call arrives: pass "
+                "Trainer(trainable=...) or call the plugin's instrument(trainable=...); until then every "
+                "call is answered by the policy"
+            )
+        return declared is False
 
     # --- one step, top to bottom --------------------------------------------------------------
     async def _train_step(self, svc: Services, step: int, tasks: Sequence[Task]) -> dict[str, float]:

@@ -12,7 +12,11 @@ in the scored rollouts, ``<prefix>/role/<role>/...``:
   use a subset: ``train/n_updated_transitions``);
 * ``air_mean``: the AIR reward per call of the role (the run's ``air`` policy; 0 without signals);
 * ``tool_error_rate``: fraction of the role's calls that got at least one ``tool_error`` signal;
-* ``tool_call_rate``: fraction of the role's calls whose response called a tool.
+* ``tool_call_rate``: fraction of the role's calls whose response called a tool;
+* ``weights_version``: the newest weights version that answered the role's calls (only when the
+  server reports versions, as the embedded engine does). A role answered by frozen weights
+  (``TrainerConfig.untrainable_roles="frozen"``) stays at the starting version while the trained
+  roles' version rises with each update.
 
 Everything comes from the spans ``collect_samples`` has already read: no extra store query. Roles,
 AIR and which call a signal belongs to are the adapter's own (``adapt_attempt`` on the same spans),
@@ -66,6 +70,8 @@ class RoleCall:
     """At least one ``tool_error`` signal was attached to the call."""
     tool_call: bool = False
     """The response called a tool."""
+    weights_version: int | None = None
+    """The weights version that answered the call (``None``: the server did not say)."""
 
 
 def role_key(role: str | None) -> str:
@@ -119,6 +125,7 @@ def role_calls(
             air=t.reward,
             tool_error=n > 0,
             tool_call=_has_tool_call(t),
+            weights_version=t.model_version,
         )
         for t, n in zip(every, errors, strict=True)
     ]
@@ -127,7 +134,7 @@ def role_calls(
 def role_metrics(
     prefix: str, calls: Iterable[RoleCall], *, trained_name: str = "trained_transitions"
 ) -> dict[str, float]:
-    """``{prefix}/role/<role_key>/{calls, <trained_name>, air_mean, tool_error_rate, tool_call_rate}``.
+    """``{prefix}/role/<role_key>/{calls, <trained_name>, air_mean, tool_error_rate, tool_call_rate[, weights_version]}``.
 
     One entry per role that made at least one call (so every rate has a denominator); a role that
     made none this step has no keys in the row. Validation passes ``trained_name="trainable_transitions"``.
@@ -156,6 +163,9 @@ def role_metrics(
         out[f"{base}/air_mean"] = sum(c.air for c in group) / n
         out[f"{base}/tool_error_rate"] = sum(c.tool_error for c in group) / n
         out[f"{base}/tool_call_rate"] = sum(c.tool_call for c in group) / n
+        versions = [c.weights_version for c in group if c.weights_version is not None]
+        if versions:
+            out[f"{base}/weights_version"] = float(max(versions))
     return out
 
 

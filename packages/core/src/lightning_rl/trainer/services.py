@@ -101,7 +101,11 @@ async def serving_rollouts(
 
 
 @contextlib.asynccontextmanager
-async def start_services(config: TrainerConfig, agent: AgentFn | None) -> AsyncGenerator[Services]:
+async def start_services(
+    config: TrainerConfig, agent: AgentFn | None, is_frozen: Callable[[str | None], bool] | None = None
+) -> AsyncGenerator[Services]:
+    """The services of one run. With ``is_frozen`` (``role -> bool``), the roles it names are answered
+    by a second engine on the starting weights (``TrainerConfig.untrainable_roles == "frozen"``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -130,7 +134,20 @@ async def start_services(config: TrainerConfig, agent: AgentFn | None) -> AsyncG
         publisher=engine_publisher(engine),
         version=engine.version,
     )
-    app = create_gateway_app(engine, store=store)
+    frozen_engine = None
+    served: Any = engine
+    if is_frozen is not None:
+        from lightning_rl.gateway.frozen import FrozenRolesBackend
+        from lightning_rl.gateway.upstreams import EngineBackend
+
+        frozen_engine = TransformersEngine.from_pretrained(
+            model_path,
+            device=config.device,
+            max_batch_size=config.concurrency or config.engine_batch_size,
+            model_name=served_model_name(config.model),
+        )
+        served = FrozenRolesBackend(EngineBackend(engine), EngineBackend(frozen_engine), is_frozen)
+    app = create_gateway_app(served, store=store)
 
     def services(url: str) -> Services:
         return Services(
@@ -150,6 +167,8 @@ async def start_services(config: TrainerConfig, agent: AgentFn | None) -> AsyncG
                 yield svc
     finally:
         engine.close()
+        if frozen_engine is not None:
+            frozen_engine.close()
         await store.close()
 
 

@@ -85,6 +85,11 @@ class VerlTrainer(Trainer):
         *,
         trainable: Any = None,
     ) -> None:
+        if config.untrainable_roles != "shared":
+            raise ValueError(
+                "VeRL's rollout replicas serve one set of weights, so untrainable_roles='frozen' is not "
+                "available with VerlTrainer; use untrainable_roles='shared' or the torch backend (Trainer)."
+            )
         super().__init__(config, trainable=trainable)
         self.workers = workers
         self.backend_config = backend_config or VerlBackendConfig(temperature=config.temperature)
