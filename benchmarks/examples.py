@@ -171,7 +171,8 @@ def tool_error_series(rows: Sequence[dict[str, Any]], prefix: str = "train") -> 
 
 def role_stats(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     """Per role, over the training steps: calls and trained transitions summed, AIR averaged, and
-    the tool-error and tool-call rates of the first and the last step that logged them."""
+    the tool-error and tool-call rates and the weights version that answered the role (frozen roles stay
+    at 0) of the first and the last step that logged them."""
     train = _train_rows(rows)
     series: dict[str, dict[str, list[float]]] = {}
     for r in train:
@@ -193,6 +194,7 @@ def role_stats(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | No
         air = metrics.get("air_mean")
         error_first, error_last = ends("tool_error_rate")
         call_first, call_last = ends("tool_call_rate")
+        version_first, version_last = ends("weights_version")
         out[role] = {
             "calls": total("calls"),
             "trained_transitions": total("trained_transitions"),
@@ -201,6 +203,8 @@ def role_stats(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | No
             "tool_error_last": error_last,
             "tool_call_first": call_first,
             "tool_call_last": call_last,
+            "weights_first": version_first,
+            "weights_last": version_last,
         }
     return out
 
@@ -264,8 +268,8 @@ def _f(value: float | None, fmt: str = ".2f") -> str:
     return "—" if value is None else format(value, fmt)
 
 
-def _arrow(first: float | None, last: float | None) -> str:
-    return "—" if first is None and last is None else f"{_f(first)} → {_f(last)}"
+def _arrow(first: float | None, last: float | None, fmt: str = ".2f") -> str:
+    return "—" if first is None and last is None else f"{_f(first, fmt)} → {_f(last, fmt)}"
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -317,8 +321,8 @@ def _roles_table(runs: Sequence[Run]) -> list[str]:
         f"Per role, with AIR, mean over {len(per_seed)} seed(s) (calls and trained transitions summed over the run):",
         "",
         f"| role | trains | calls | trained transitions | mean AIR | tool-error rate ({span}) "
-        f"| tool-call rate ({span}) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        f"| tool-call rate ({span}) | weights version ({span}) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for role in roles:
         stats = [s[role] for s in per_seed if role in s]
@@ -337,6 +341,7 @@ def _roles_table(runs: Sequence[Run]) -> list[str]:
             _f(m("air_mean"), "+.3f"),
             _arrow(m("tool_error_first"), m("tool_error_last")),
             _arrow(m("tool_call_first"), m("tool_call_last")),
+            _arrow(m("weights_first"), m("weights_last"), ".0f"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -58,10 +58,12 @@ def _rows(before: float, after: float, n_val: int, errors: list[float], *, seed:
                 "train/role/solver/air_mean": -0.1 * err,
                 "train/role/solver/tool_error_rate": err,
                 "train/role/solver/tool_call_rate": 0.5 + 0.1 * step,
+                "train/role/solver/weights_version": float(step - 1),
                 "train/role/writer/calls": 4.0,
                 "train/role/writer/trained_transitions": 0.0,
                 "train/role/writer/air_mean": float("nan"),
                 "train/role/writer/tool_error_rate": float("nan"),
+                "train/role/writer/weights_version": 0.0,  # served frozen
                 "seed": seed,
             }
         )
@@ -157,8 +159,8 @@ def test_paste_renders_tables_and_writes_readmes(tmp_path: Path) -> None:
     assert "): **met**." in md  # calc_agent
     assert "**not met**: seed(s) 1 did not finish" in md  # crew_agent
     assert "| 1 | — | — | **failed**: exit 1, see crew.log |" in md
-    assert "| solver | yes | 30 | 24 | -0.027 | 0.40 → 0.10 | 0.60 → 0.80 |" in md
-    assert "| writer | no | 12 | 0 | — | — | — |" in md
+    assert "| solver | yes | 30 | 24 | -0.027 | 0.40 → 0.10 | 0.60 → 0.80 | 0 → 2 |" in md
+    assert "| writer | no | 12 | 0 | — | — | — | 0 → 0 |" in md
     assert "| 2 | off | 0.10 | 0.30 | +0.20 | 0.40 → 0.35 | 0.20 → 0.17 |" in md
     assert (
         "with AIR mean gain **+0.55** (min +0.45), tool-error rate at the last step 0.10, held-out after training "

@@ -63,7 +63,9 @@ async def test_frozen_roles_keep_the_starting_weights_while_the_policy_changes(
                 assert r.status_code == 200, r.text
 
             swapped = await http.post(
-                f"{url}/admin/weights", json={"path": str(weights), "version": 1}, headers={"authorization": "Bearer adm1n"}
+                f"{url}/admin/weights",
+                json={"path": str(weights), "version": 1},
+                headers={"authorization": "Bearer adm1n"},
             )
             assert swapped.status_code == 200 and swapped.json() == {"version": 1}
             assert policy.version == 1 and frozen.version == 0  # the load reached the policy only

@@ -13,10 +13,10 @@ from lightning_rl.adapter import air_policy
 from lightning_rl.errors import IncompatibleFrameworkError
 from lightning_rl.plugins import (
     Instrumentor,
-    declared_trainable,
     PluginFailures,
     acting_as,
     current_route,
+    declared_trainable,
     guarded,
     install_hooks,
     load_plugin,

@@ -134,7 +134,8 @@ def role_calls(
 def role_metrics(
     prefix: str, calls: Iterable[RoleCall], *, trained_name: str = "trained_transitions"
 ) -> dict[str, float]:
-    """``{prefix}/role/<role_key>/{calls, <trained_name>, air_mean, tool_error_rate, tool_call_rate[, weights_version]}``.
+    """``{prefix}/role/<role_key>/{calls, <trained_name>, air_mean, tool_error_rate, tool_call_rate}``,
+    and ``weights_version`` when the server reported versions.
 
     One entry per role that made at least one call (so every rate has a denominator); a role that
     made none this step has no keys in the row. Validation passes ``trained_name="trainable_transitions"``.
