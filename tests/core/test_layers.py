@@ -40,6 +40,7 @@ FLOORS: dict[str, int] = {
     "lightning_rl.types": 0,
     "lightning_rl.semconv": 0,
     "lightning_rl.extras": 0,
+    "lightning_rl.memory": 0,
     "lightning_rl.credentials": 0,
     "lightning_rl.roles": 0,
     "lightning_rl._serving": 0,

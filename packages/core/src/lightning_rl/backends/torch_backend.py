@@ -42,6 +42,7 @@ from lightning_rl.backends.losses import (
     token_weights,
 )
 from lightning_rl.engine.logprobs import sampling_logprobs
+from lightning_rl.memory import release_free_memory
 from lightning_rl.types import Transition
 
 __all__ = ["TorchBackendConfig", "TorchBackend", "MicroBatch", "pack_micro_batches"]
@@ -410,6 +411,7 @@ class TorchBackend:
                 grad_norms.append(self._clip_and_step())
                 n_steps += 1
         self.step += 1
+        release_free_memory()  # the update's activations, freed: back to the system (see lightning_rl.memory)
         elapsed = time.perf_counter() - started
         n_tokens = sum(len(t.response_ids) for t in usable)
         diagnostics = {"train/entropy": entropy_sum / diag_tokens}
@@ -476,6 +478,7 @@ class TorchBackend:
                 on_step(step, total, lr)
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr
+        release_free_memory()
         return losses
 
     def preference_update(

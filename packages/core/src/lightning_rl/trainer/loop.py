@@ -31,6 +31,7 @@ from lightning_rl.agent import AgentFn
 from lightning_rl.algorithms.base import TrainResult
 from lightning_rl.capture import retokenize_samples
 from lightning_rl.credit import RolloutSample
+from lightning_rl.memory import release_free_memory
 from lightning_rl.plugins.base import declared_trainable
 from lightning_rl.roles import RoleSelector, RoleSpec
 from lightning_rl.store.base import LightningStore
@@ -263,6 +264,7 @@ class Trainer:
             update = await asyncio.to_thread(self.update_rule.apply, svc.backend, batch)
         # 8. publish the new weights to the engine; later rollouts record the new version
         version = await svc.backend.publish()
+        release_free_memory()  # the step's freed KV caches, spans and weight copies (lightning_rl.memory)
         rewards = collected.rewards
         return {
             "step": float(step),
@@ -321,6 +323,7 @@ class Trainer:
             }
         )
         bar.note(f"[bold]step {step}[/] held-out reward {mean:.3f} over {len(collected.rewards)} tasks")
+        release_free_memory()
         return mean
 
     # --- helpers ------------------------------------------------------------------------------

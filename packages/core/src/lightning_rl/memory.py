@@ -1,0 +1,49 @@
+"""Give memory that was freed back to the operating system (glibc's ``malloc_trim``).
+
+A training step allocates and frees gigabytes of short-lived tensors (activations, logits, the
+engine's KV cache) from several threads: the event loop, the engine's decode thread and the update
+worker. glibc serves each thread from its own arena and returns freed memory to the system only from
+the top of an arena, so after a few steps most of a process's resident memory can be free memory the
+allocator keeps. Measured on the SmolLM2 demo (``malloc_stats`` of the running process at step 2 of
+10): glibc held 7.7 GB, of which 1.5 GB was in use, and the process's RSS kept growing step after
+step (18-22 GB at the end of a run) while what it used did not.
+
+``malloc_trim(0)`` walks every arena and returns the free pages (``MADV_DONTNEED``), wherever they
+lie. It takes milliseconds, so the trainer calls :func:`release_free_memory` once per step and the
+warm start once per phase. On other C libraries (musl, macOS, Windows) it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from functools import cache
+from typing import Any
+
+__all__ = ["release_free_memory"]
+
+
+@cache
+def _trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    trim = getattr(libc, "malloc_trim", None)  # glibc only
+    if trim is not None:
+        trim.argtypes = [ctypes.c_size_t]
+        trim.restype = ctypes.c_int
+    return trim
+
+
+def release_free_memory() -> bool:
+    """Return the pages glibc's allocator holds free to the system; True when any was returned.
+
+    Safe to call from any thread at any time (``malloc_trim`` locks each arena in turn); False and a
+    no-op where the C library has no ``malloc_trim``.
+    """
+    trim = _trim()
+    return bool(trim(0)) if trim is not None else False
