@@ -206,21 +206,26 @@ async def writer_and_frozen_critic(task: dict[str, Any], llm: LLM) -> float:
     return (len(answer) % 5) / 4
 
 
+def _two_role_config(tmp_path: Path, tiny_model_path: Path, **overrides: Any) -> TrainerConfig:
+    """Two short steps of 2 tasks x 2 rollouts on the tiny model."""
+    settings: dict[str, Any] = {
+        "model": str(tiny_model_path),
+        "run_dir": str(tmp_path / "run"),
+        "steps": 2,
+        "batch_size": 2,
+        "group_size": 2,
+        "max_tokens": 8,
+        "val_every": 0,
+        "tensorboard": False,
+        "progress": False,
+        "rollout_timeout_s": 60,
+        "backend": TorchBackendConfig(lr=1e-2, old_logprobs="sampled"),
+    }
+    return TrainerConfig(**{**settings, **overrides})
+
+
 def test_a_two_role_run_logs_each_role_and_trains_only_the_writer(tmp_path: Path, tiny_model_path: Path) -> None:
-    cfg = TrainerConfig(
-        model=str(tiny_model_path),
-        run_dir=str(tmp_path / "run"),
-        steps=2,
-        batch_size=2,
-        group_size=2,
-        max_tokens=8,
-        val_every=0,
-        tensorboard=False,
-        progress=False,
-        rollout_timeout_s=60,
-        air={"tool_error": -0.1},
-        backend=TorchBackendConfig(lr=1e-2, old_logprobs="sampled"),
-    )
+    cfg = _two_role_config(tmp_path, tiny_model_path, air={"tool_error": -0.1})
     tasks = [Task(input={"q": "say something about cats", "err": True}), Task(input={"q": "and dogs", "err": False})]
     result = Trainer(cfg).fit(writer_and_frozen_critic, tasks, val_tasks=tasks)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -253,21 +258,7 @@ def test_a_two_role_run_logs_each_role_and_trains_only_the_writer(tmp_path: Path
 def test_untrainable_roles_frozen_keeps_the_critic_on_the_starting_weights(
     tmp_path: Path, tiny_model_path: Path
 ) -> None:
-    cfg = TrainerConfig(
-        model=str(tiny_model_path),
-        run_dir=str(tmp_path / "run"),
-        steps=2,
-        batch_size=2,
-        group_size=2,
-        max_tokens=8,
-        val_every=0,
-        tensorboard=False,
-        progress=False,
-        rollout_timeout_s=60,
-        untrainable_roles="frozen",
-        skip_zero_advantage=False,  # every step updates, so the writer's version must move
-        backend=TorchBackendConfig(lr=1e-2, old_logprobs="sampled"),
-    )
+    cfg = _two_role_config(tmp_path, tiny_model_path, untrainable_roles="frozen")
     tasks = [Task(input={"q": "say something about cats", "err": False}), Task(input={"q": "and dogs", "err": False})]
     result = Trainer(cfg, trainable=["writer"]).fit(writer_and_frozen_critic, tasks, val_tasks=tasks)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
