@@ -119,12 +119,16 @@ async def start_services(
     model_path = resolve_model(config.model)
     torch.manual_seed(config.seed)
     store = await open_store(config.store) if config.store else SQLiteStore(run_dir / "store.sqlite")
-    engine = TransformersEngine.from_pretrained(
-        model_path,
-        device=config.device,
-        max_batch_size=config.concurrency or config.engine_batch_size,
-        model_name=served_model_name(config.model),
-    )
+
+    def load_engine() -> TransformersEngine:
+        return TransformersEngine.from_pretrained(
+            model_path,
+            device=config.device,
+            max_batch_size=config.concurrency or config.engine_batch_size,
+            model_name=served_model_name(config.model),
+        )
+
+    engine = load_engine()
     policy = AutoModelForCausalLM.from_pretrained(model_path)
 
     backend = TorchBackend(
@@ -140,12 +144,7 @@ async def start_services(
         from lightning_rl.gateway.frozen import FrozenRolesBackend
         from lightning_rl.gateway.upstreams import EngineBackend
 
-        frozen_engine = TransformersEngine.from_pretrained(
-            model_path,
-            device=config.device,
-            max_batch_size=config.concurrency or config.engine_batch_size,
-            model_name=served_model_name(config.model),
-        )
+        frozen_engine = load_engine()  # the starting weights again: no publish reaches this copy
         served = FrozenRolesBackend(EngineBackend(engine), EngineBackend(frozen_engine), is_frozen)
     app = create_gateway_app(served, store=store)
 
