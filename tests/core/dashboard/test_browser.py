@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from lightning_rl.credit import compute_advantages
+from lightning_rl.dashboard.app import read_metrics
 from lightning_rl.store.sqlite import SQLiteStore
 from lightning_rl.trainer.loop import collect_samples
 from lightning_rl.types import Rollout
@@ -88,7 +89,13 @@ def test_the_page_lists_rollouts_and_shows_spans_and_credited_transitions(traine
 
             # the curves of the run folder
             page.goto(f"{url}/#/curves")
-            page.wait_for_selector("[data-testid=chart][data-key='train/reward_mean'] polyline")
+            # "attached", not "visible": a run whose reward stayed flat draws a horizontal line, whose
+            # bounding box has zero height, and Playwright counts a zero-height box as hidden
+            line = page.wait_for_selector("[data-testid=chart][data-key='train/reward_mean'] polyline", state="attached")
+            assert line is not None
+            _, rows = read_metrics(trained_run / "metrics.jsonl")
+            steps = [r for r in rows if r.get("train/reward_mean") is not None and r.get("step") is not None]
+            assert len((line.get_attribute("points") or "").split()) == len(steps) > 0
             assert page.locator("[data-testid=chart]").count() >= 5
 
             # an unknown rollout says so on the page (and is not a console error of ours)
