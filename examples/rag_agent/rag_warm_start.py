@@ -63,6 +63,9 @@ class WarmStartConfig:
     habit_steps: int = 200
     batch_size: int = 32
     lr: float = 1e-3
+    shared_prefix: int = 40
+    """The answerer's system prompt and search tool (44 tokens in the tiny model's template) run once per
+    micro-batch; the planner's requests go to micro-batches of their own (``TorchBackendConfig.shared_prefix``)."""
     progress: bool = True
 
 
@@ -214,6 +217,7 @@ def warm_start(
             batch_size=cfg.batch_size,
             lr=cfg.lr,
             habit_lr=cfg.lr,
+            shared_prefix=cfg.shared_prefix,
             progress=cfg.progress,
         ),
     )

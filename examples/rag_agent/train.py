@@ -63,6 +63,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="frozen",
         help="frozen: the planner is answered by the starting weights; shared: by the policy under training",
     )
+    parser.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=40,
+        help="run a prompt prefix of at least this many tokens that an agent's requests share (its system "
+        "prompt and tools) once per micro-batch, in the warm start and in RL (0: off)",
+    )
     parser.add_argument("--tool-error-reward", type=float, default=-0.1, help="AIR tool_error reward (0: AIR off)")
     parser.add_argument("--out", default="runs/rag_agent", help="run folder (metrics.jsonl, reward_curve.png)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the split, the warm start and RL")
@@ -93,6 +100,7 @@ def main(argv: list[str] | None = None) -> float | None:
                 expert_steps=args.warm_start_steps,
                 polish_steps=args.polish_steps,
                 habit_steps=args.habit_steps,
+                shared_prefix=args.shared_prefix,
                 progress=not args.quiet,
             )
             model = str(warm_start(Path(model), Path(args.out) / "warm_start", train_q, probe_q, cfg))
@@ -114,7 +122,9 @@ def main(argv: list[str] | None = None) -> float | None:
         progress=not args.quiet,
         concurrency=args.batch_size * args.group_size,
         tensorboard=False,
-        backend=TorchBackendConfig(lr=args.lr, seed=args.seed, old_logprobs="sampled", temperature=1.0),
+        backend=TorchBackendConfig(
+            lr=args.lr, seed=args.seed, old_logprobs="sampled", temperature=1.0, shared_prefix=args.shared_prefix
+        ),
     )
     result = Trainer(config).fit(rag_agent, [to_task(q) for q in train_q], [to_task(q) for q in val_q])
 

@@ -63,3 +63,21 @@ def test_pack_micro_batches_respects_the_budget_and_never_truncates() -> None:
             p, r = seqs[i]
             assert mb.input_ids[row, : len(p) + len(r)].tolist() == list(p) + list(r)
             assert int(mb.attention_mask[row].sum()) == len(p) + len(r)
+
+
+def test_pack_micro_batches_keeps_different_prompt_prefixes_apart() -> None:
+    """``group_prefix``: two agents' requests (different system prompts) never share a micro-batch, so
+    each micro-batch keeps one prefix to run once; one agent's requests pack exactly as without it."""
+    planner, answerer = [7, 7, 7], [8, 8, 8]
+    seqs = [(planner + [1], [2]), (answerer + [1, 2], [3]), (planner + [4, 5], [6]), (answerer + [9], [1, 2])]
+    mixed = pack_micro_batches(seqs, budget=10_000, pad_id=0)
+    assert len(mixed) == 1
+    grouped = pack_micro_batches(seqs, budget=10_000, pad_id=0, group_prefix=3)
+    assert sorted(sorted(mb.indices) for mb in grouped) == [[0, 2], [1, 3]]
+    for mb in grouped:
+        assert len({tuple(mb.input_ids[row, :3].tolist()) for row in range(len(mb.indices))}) == 1
+    one_agent = [s for s in seqs if s[0][:3] == answerer]
+    plain = pack_micro_batches(one_agent, budget=9, pad_id=0)
+    same = pack_micro_batches(one_agent, budget=9, pad_id=0, group_prefix=3)
+    assert [mb.indices for mb in plain] == [mb.indices for mb in same]
+    assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(plain, same, strict=True))

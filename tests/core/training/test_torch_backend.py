@@ -135,6 +135,31 @@ def test_a_shared_prompt_prefix_run_once_gives_the_same_logprobs_and_gradients(
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_two_agents_requests_in_one_batch_each_share_their_own_prefix(tiny_model_path: Path) -> None:
+    """A batch mixing two system prompts (a planner's and an answerer's): with ``shared_prefix`` each
+    agent's rows go to their own micro-batches, each prefix runs once, and the SFT loss and gradients
+    are those of running every sequence whole."""
+    gen = torch.Generator().manual_seed(2)
+    prefixes = [torch.randint(10, 500, (30,), generator=gen).tolist() for _ in range(2)]
+    examples = [
+        (prefixes[i % 2] + torch.randint(10, 500, (3 + i,), generator=gen).tolist(), [11 + i, 12, 13])
+        for i in range(8)
+    ]
+    losses: list[list[float]] = []
+    grads: list[list[torch.Tensor]] = []
+    for shared in (0, 24):
+        policy = _policy(tiny_model_path, shared_prefix=shared, lr=1e-3, seed=3)
+        if shared:
+            mbs = policy._pack(examples)  # pyright: ignore[reportPrivateUsage]
+            assert len(mbs) == 2 and [policy.shared_prefix_len(mb) for mb in mbs] == [30, 30]
+        losses.append(policy.sft(examples, steps=1, batch_size=8))
+        grads.append([p.grad.clone() for p in policy.model.parameters() if p.grad is not None])
+    torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), rtol=1e-5, atol=1e-6)
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_no_shared_prefix_below_the_minimum_or_past_the_shortest_prompt(tiny_model_path: Path) -> None:
     policy = _policy(tiny_model_path, shared_prefix=41)  # the batch shares 40 tokens: not enough
     batch = _prefixed_batch()

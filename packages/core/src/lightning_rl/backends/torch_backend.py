@@ -141,25 +141,33 @@ class MicroBatch:
 
 
 def pack_micro_batches(
-    seqs: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int, pad_id: int
+    seqs: Sequence[tuple[Sequence[int], Sequence[int]]], budget: int, pad_id: int, *, group_prefix: int = 0
 ) -> list[MicroBatch]:
     """Group (prompt, response) pairs into right-padded micro-batches of at most ``budget`` padded tokens.
 
     Sequences are sorted by length first so padding stays small; a sequence longer than the budget
-    gets a micro-batch of its own (never truncated)."""
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+    gets a micro-batch of its own (never truncated). ``group_prefix > 0`` keeps prompts that differ in
+    their first ``group_prefix`` tokens in different micro-batches: a batch that mixes two agents'
+    requests (a planner's and an answerer's system prompt) then still has one shared prefix per
+    micro-batch for ``TorchBackendConfig.shared_prefix`` to run once. When every prompt starts alike
+    (one agent) the packing is the same as without it."""
+    buckets: dict[tuple[int, ...], list[int]] = {}
+    for i, (prompt, _) in enumerate(seqs):
+        buckets.setdefault(tuple(prompt[:group_prefix]) if group_prefix > 0 else (), []).append(i)
     groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        n = len(seqs[i][0]) + len(seqs[i][1])
-        if current and max(longest, n) * (len(current) + 1) > budget:
+    for members in buckets.values():
+        order = sorted(members, key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
+        current: list[int] = []
+        longest = 0
+        for i in order:
+            n = len(seqs[i][0]) + len(seqs[i][1])
+            if current and max(longest, n) * (len(current) + 1) > budget:
+                groups.append(current)
+                current, longest = [], 0
+            current.append(i)
+            longest = max(longest, n)
+        if current:
             groups.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    if current:
-        groups.append(current)
     out: list[MicroBatch] = []
     for idx in groups:
         width = max(len(seqs[i][0]) + len(seqs[i][1]) for i in idx)
@@ -241,6 +249,12 @@ class TorchBackend:
         return cls(policy, config, pad_token_id=int(pad or 0), publisher=publisher, version=version)
 
     # --- forward ------------------------------------------------------------------------------
+    def _pack(self, seqs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[MicroBatch]:
+        """Micro-batches of ``seqs`` under this backend's token budget; with ``shared_prefix`` set, one
+        agent's prompts per micro-batch, so that the prefix they share is run once."""
+        cfg = self.config
+        return pack_micro_batches(seqs, cfg.micro_batch_tokens, self.pad_token_id, group_prefix=cfg.shared_prefix)
+
     def _response_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         """Flat logprobs of every response token of the micro-batch, in row order, float32."""
         return self._response_forward(model, mb, entropy=False)[0]
@@ -318,7 +332,7 @@ class TorchBackend:
         seqs = [(t.prompt_ids, t.response_ids) for t in transitions]
         out: list[list[float]] = [[] for _ in transitions]
         with torch.no_grad():
-            for mb in pack_micro_batches(seqs, self.config.micro_batch_tokens, self.pad_token_id):
+            for mb in self._pack(seqs):
                 flat = self._response_logprobs(model, mb).cpu().tolist()
                 offset = 0
                 for i, r in zip(mb.indices, mb.response_lens, strict=True):
@@ -375,7 +389,7 @@ class TorchBackend:
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 seqs = [(t.prompt_ids, t.response_ids) for t in batch]
-                for mb in pack_micro_batches(seqs, cfg.micro_batch_tokens, self.pad_token_id):
+                for mb in self._pack(seqs):
                     rows = [chunk[i] for i in mb.indices]
                     logp, entropy = self._response_forward(self.model, mb, entropy=epoch == 0)
                     if entropy is not None:
@@ -463,7 +477,7 @@ class TorchBackend:
             weights = token_weights([len(r) for _, r in batch], [str(i) for i in range(len(batch))], "token")
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for mb in pack_micro_batches(batch, self.config.micro_batch_tokens, self.pad_token_id):
+            for mb in self._pack(batch):
                 logp = self._response_logprobs(self.model, mb)
                 w = torch.tensor(
                     [weights[i] for k, i in enumerate(mb.indices) for _ in range(mb.response_lens[k])],
@@ -598,7 +612,7 @@ class TorchBackend:
                 self.optimizer.zero_grad(set_to_none=True)
                 trained = [i for i in members if coef.get(i, 0.0) != 0.0]
                 seqs = [(unique[i].prompt_ids, unique[i].response_ids) for i in trained]
-                for mb in pack_micro_batches(seqs, cfg.micro_batch_tokens, self.pad_token_id):
+                for mb in self._pack(seqs):
                     logp, entropy = self._response_forward(self.model, mb, entropy=epoch == 0)
                     if entropy is not None:
                         entropy_sum += float(entropy.sum())
