@@ -91,7 +91,8 @@ def test_the_page_lists_rollouts_and_shows_spans_and_credited_transitions(traine
             page.goto(f"{url}/#/curves")
             # "attached", not "visible": a run whose reward stayed flat draws a horizontal line, whose
             # bounding box has zero height, and Playwright counts a zero-height box as hidden
-            line = page.wait_for_selector("[data-testid=chart][data-key='train/reward_mean'] polyline", state="attached")
+            curve = "[data-testid=chart][data-key='train/reward_mean'] polyline"
+            line = page.wait_for_selector(curve, state="attached")
             assert line is not None
             _, rows = read_metrics(trained_run / "metrics.jsonl")
             steps = [r for r in rows if r.get("train/reward_mean") is not None and r.get("step") is not None]

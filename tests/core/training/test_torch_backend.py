@@ -142,8 +142,7 @@ def test_two_agents_requests_in_one_batch_each_share_their_own_prefix(tiny_model
     gen = torch.Generator().manual_seed(2)
     prefixes = [torch.randint(10, 500, (30,), generator=gen).tolist() for _ in range(2)]
     examples = [
-        (prefixes[i % 2] + torch.randint(10, 500, (3 + i,), generator=gen).tolist(), [11 + i, 12, 13])
-        for i in range(8)
+        (prefixes[i % 2] + torch.randint(10, 500, (3 + i,), generator=gen).tolist(), [11 + i, 12, 13]) for i in range(8)
     ]
     losses: list[list[float]] = []
     grads: list[list[torch.Tensor]] = []
