@@ -196,7 +196,9 @@ class WarmStartSettings:
     """How often the sloppy demonstrator of the habit phase looks the price up."""
 
 
-def staged_config(*, seed: int, expert_steps: int = 1500, progress: bool = True) -> StagedWarmStartConfig:
+def staged_config(
+    *, seed: int, expert_steps: int = 1500, shared_prefix: int = 40, progress: bool = True
+) -> StagedWarmStartConfig:
     """The staged warm start's phases (the core defaults, the demo's) for at most ``expert_steps`` skill
     steps; fewer than the polish and habit defaults shortens those phases too, so a smoke test stays short.
 
@@ -212,6 +214,7 @@ def staged_config(*, seed: int, expert_steps: int = 1500, progress: bool = True)
         habit_steps=min(60, max(expert_steps, 1)),
         habit_min_steps=min(30, expert_steps),
         probe_every=max(1, min(50, expert_steps)),
+        shared_prefix=shared_prefix,
         progress=progress,
     )
 

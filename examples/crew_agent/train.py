@@ -74,6 +74,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1500,
         help="most expert steps of the staged warm start (tiny model only; 0 skips the warm start)",
     )
+    p.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=40,
+        help="run a prompt prefix of at least this many tokens that an agent's requests share (its system "
+        "prompt) once per micro-batch, in the warm start and in RL (0: off)",
+    )
     p.add_argument("--habit-tool-rate", type=float, default=0.3, help="how often the habit's demonstrator looks up")
     p.add_argument("--seed", type=int, default=0, help="seeds the item split, the warm start and RL")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -100,7 +107,12 @@ def main(argv: Sequence[str] | None = None) -> float | None:
                 Path(args.out) / "warm_start",
                 train_tasks,
                 probe_tasks,
-                config=staged_config(seed=args.seed, expert_steps=args.warm_start_steps, progress=not args.quiet),
+                config=staged_config(
+                    seed=args.seed,
+                    expert_steps=args.warm_start_steps,
+                    shared_prefix=args.shared_prefix,
+                    progress=not args.quiet,
+                ),
                 settings=WarmStartSettings(habit_tool_rate=args.habit_tool_rate),
             )
             model = str(warm.model_dir)
@@ -119,7 +131,13 @@ def main(argv: Sequence[str] | None = None) -> float | None:
         concurrency=args.batch_size * args.group_size,
         seed=args.seed,
         progress=not args.quiet,
-        backend=TorchBackendConfig(lr=args.lr, seed=args.seed, old_logprobs="sampled", temperature=args.temperature),
+        backend=TorchBackendConfig(
+            lr=args.lr,
+            seed=args.seed,
+            old_logprobs="sampled",
+            temperature=args.temperature,
+            shared_prefix=args.shared_prefix,
+        ),
     )
     result = Trainer(config).fit(crew_agent, train_tasks, val_tasks)
     print(f"held-out reward: before {result.val_before}, after {result.val_after}; run folder {result.run_dir}")

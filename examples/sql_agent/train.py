@@ -89,6 +89,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-4, help="RL learning rate")
     parser.add_argument("--val-every", type=int, default=4, help="validate every this many steps")
     parser.add_argument("--val-temperature", type=float, default=0.0, help="held-out decoding (0: greedy)")
+    parser.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=40,
+        help="run a prompt prefix of at least this many tokens that an agent's requests share (its system "
+        "prompt) once per micro-batch, in the warm start and in RL (0: off)",
+    )
     parser.add_argument("--tool-error-reward", type=float, default=-0.1, help="AIR reward per failed SQL execution")
     parser.add_argument("--seed", type=int, default=0, help="seeds the database, the split, the warm start and RL")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -217,6 +224,7 @@ def warm_start(
     habit_steps: int = 200,
     habit_query_rate: float = 0.3,
     copy_per_task: int = 2,
+    shared_prefix: int = 40,
     progress: bool = True,
 ) -> Path:
     """The staged warm start of the tiny model (skill, polish, habit); saves an HF folder at ``out_dir``.
@@ -259,6 +267,7 @@ def warm_start(
             polish_steps=polish_steps,
             habit_steps=habit_steps,
             tool_token=first,
+            shared_prefix=shared_prefix,
             progress=progress,
         ),
     )
@@ -296,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> float | None:
                 expert_steps=args.warm_start_steps,
                 polish_steps=args.polish_steps,
                 habit_steps=args.habit_steps,
+                shared_prefix=args.shared_prefix,
                 progress=not args.quiet,
             )
         )
@@ -339,7 +349,9 @@ def main(argv: Sequence[str] | None = None) -> float | None:
         progress=not args.quiet,
         tensorboard=False,
         concurrency=args.batch_size * args.group_size,
-        backend=TorchBackendConfig(lr=args.lr, seed=args.seed, old_logprobs="sampled", temperature=1.0),
+        backend=TorchBackendConfig(
+            lr=args.lr, seed=args.seed, old_logprobs="sampled", temperature=1.0, shared_prefix=args.shared_prefix
+        ),
     )
 
     async def fit() -> TrainResult:
