@@ -69,6 +69,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="AIR reward per failed tool call (0: AIR off)",
     )
     p.add_argument(
+        "--recovered-error-reward",
+        type=float,
+        default=0.0,
+        help="AIR reward for a failed lookup the researcher then gets right (a misspelt name, then the "
+        "suggested one): the expert's path, not a dead end (default 0: not charged)",
+    )
+    p.add_argument(
         "--warm-start-steps",
         type=int,
         default=1500,
@@ -127,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> float | None:
         temperature=args.temperature,
         val_temperature=0.0,  # held-out questions decoded greedily: the score is the weights', not the draw's
         val_every=args.val_every,
-        air={"tool_error": args.tool_error_reward},
+        air={"tool_error": args.tool_error_reward, "tool_error_recovered": args.recovered_error_reward},
         concurrency=args.batch_size * args.group_size,
         seed=args.seed,
         progress=not args.quiet,

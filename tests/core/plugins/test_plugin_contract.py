@@ -215,6 +215,38 @@ async def test_role_spans_join_on_response_id_and_trainable_declarations_filter(
         await client.close()
 
 
+async def test_a_tool_error_the_role_recovers_from_has_its_own_air_weight() -> None:
+    """A failed lookup that the same role follows with a successful lookup (a misspelt name, then the
+    suggested one) is weighed by ``tool_error_recovered``; an error never recovered, or recovered by
+    another role or another tool, stays a ``tool_error``. Without the key both weigh the same."""
+    script = ["looked up a misspelling", "looked up the suggestion", "gave up", "asked another tool"]
+    async with GatewayHarness(script=script) as h:
+        client = openai.AsyncOpenAI(
+            base_url="https://example.invalid/v1", api_key="k", http_client=routed_async_client()
+        )
+        async with h.attempt() as claim:
+            for text in script:
+                r = await client.chat.completions.create(model="m", messages=MESSAGES)
+                record_role("researcher" if text != "gave up" else "writer", response_id=r.id, trainable=True)
+                if text == "looked up a misspelling":
+                    record_tool("lookup", role="researcher", error=KeyError("pink-desk: did you mean 'pink desk'?"))
+                elif text == "looked up the suggestion":
+                    record_tool("lookup", role="researcher", output="26 euros")
+                elif text == "gave up":
+                    record_tool("lookup", role="writer", error=KeyError("no such item"))
+                else:
+                    record_tool("calculator", role="researcher", output="2")
+        adapted = await h.adapt(claim, air=air_policy(tool_error=-0.1, tool_error_recovered=0.0))
+        assert [t.reward for t in adapted.transitions] == [0.0, 0.0, pytest.approx(-0.1), 0.0]
+        recovered = [s.recovered for s in adapted.signals if s.name == "tool_error"]
+        assert recovered == [True, False]
+        per_tool = await h.adapt(claim, air={"tool_error": -0.1, "tool_error_recovered:lookup": -0.02})
+        assert [t.reward for t in per_tool.transitions] == [pytest.approx(-0.02), 0.0, pytest.approx(-0.1), 0.0]
+        plain = await h.adapt(claim, air=air_policy(tool_error=-0.1))
+        assert [t.reward for t in plain.transitions] == [pytest.approx(-0.1), 0.0, pytest.approx(-0.1), 0.0]
+        await client.close()
+
+
 def test_recording_outside_a_rollout_is_a_no_op() -> None:
     assert record_role("writer", response_id="r") is None
     assert record_tool("t", error="boom") is None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lightning_rl import semconv
@@ -44,7 +44,11 @@ AIRPolicy = Mapping[str, float | Callable[["Signal"], float]]
 """Signal name -> intermediate reward: a constant weight times the signal's value (tool events have
 value 1, so ``{"tool_error": -0.1}`` costs 0.1 per failed tool call) or a function of the signal
 (``{"sql_rows": lambda s: 0.1 * min(s.value, 1)}``). A key ``"tool_error:<tool name>"`` overrides
-``"tool_error"`` for that tool. Signals the policy does not name contribute nothing."""
+``"tool_error"`` for that tool. ``"tool_error_recovered"`` (and ``"tool_error_recovered:<tool name>"``)
+weighs a failed tool call that the same role followed, later in the attempt, with a successful call
+of the same tool: a lookup of a misspelt name answered by a suggestion, then retried, is how a good
+agent works, and charging it like a dead end teaches the agent to avoid the tool. Without that key
+a recovered error weighs as any other. Signals the policy does not name contribute nothing."""
 
 
 def air_policy(
@@ -52,14 +56,19 @@ def air_policy(
     tool_error: float = -0.1,
     tool_success: float = 0.0,
     per_tool: Mapping[str, float] | None = None,
+    tool_error_recovered: float | None = None,
     **signals: float | Callable[[Signal], float],
 ) -> dict[str, float | Callable[[Signal], float]]:
     """Build an AIR policy: a reward per failed / successful tool call plus any custom signals.
 
-    ``per_tool`` gives a tool its own error reward (``{"execute_sql": -0.2}``); extra keyword
-    arguments weigh signals emitted with ``emit_signal(name, value)``.
+    ``per_tool`` gives a tool its own error reward (``{"execute_sql": -0.2}``);
+    ``tool_error_recovered`` weighs a failed call the role then got right with the same tool (``None``:
+    as ``tool_error``; see ``AIRPolicy``); extra keyword arguments weigh signals emitted with
+    ``emit_signal(name, value)``.
     """
     policy: dict[str, float | Callable[[Signal], float]] = {"tool_error": tool_error, "tool_success": tool_success}
+    if tool_error_recovered is not None:
+        policy["tool_error_recovered"] = tool_error_recovered
     for tool, weight in (per_tool or {}).items():
         policy[f"tool_error:{tool}"] = weight
     policy.update(signals)
@@ -78,6 +87,8 @@ class Signal:
     """When the signal happened (the span's start, ns): orders it against calls that have no id link."""
     span_id: str
     tool: str | None = None
+    recovered: bool = False
+    """A ``tool_error`` that the same role followed with a ``tool_success`` of the same tool (see ``AIRPolicy``)."""
 
 
 @dataclass
@@ -194,7 +205,19 @@ def _signals(spans: Sequence[Span]) -> list[Signal]:
         name = "tool_error" if captured.failed else "tool_success"
         span = captured.span
         out.append(Signal(name, 1.0, captured.tool_call_id, captured.role, span.start_ns, span.span_id, captured.name))
-    return out
+    return [_mark_recovered(s, out) for s in out]
+
+
+def _mark_recovered(signal: Signal, signals: Sequence[Signal]) -> Signal:
+    """``signal`` marked ``recovered`` if it is a named tool's error that a later success of that tool by
+    the same role followed."""
+    if signal.name != "tool_error" or signal.tool is None:
+        return signal
+    later = any(
+        s.name == "tool_success" and s.tool == signal.tool and s.role == signal.role and s.order > signal.order
+        for s in signals
+    )
+    return replace(signal, recovered=True) if later else signal
 
 
 def _by_tool_name(
@@ -210,6 +233,16 @@ def _by_tool_name(
             if call.get("name") == signal.tool and cid not in taken:
                 taken.add(cid)
                 return i
+    return None
+
+
+def _weight(policy: AIRPolicy, signal: Signal) -> float | Callable[[Signal], float] | None:
+    """The policy's entry for ``signal``: per tool before general, a recovered error's own key first."""
+    names = [f"{signal.name}_recovered", signal.name] if signal.recovered else [signal.name]
+    for name in names:
+        for key in ([f"{name}:{signal.tool}"] if signal.tool else []) + [name]:
+            if key in policy:
+                return policy[key]
     return None
 
 
@@ -313,9 +346,7 @@ def adapt_attempt(
         if index is None:
             result.unattached_signals.append(signal)
             continue
-        weight = policy.get(f"{signal.name}:{signal.tool}") if signal.tool else None
-        if weight is None:
-            weight = policy.get(signal.name)
+        weight = _weight(policy, signal)
         if weight is None:
             continue
         reward = weight(signal) if callable(weight) else weight * signal.value
