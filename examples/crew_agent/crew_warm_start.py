@@ -206,8 +206,8 @@ def staged_config(
     about 40 when it reaches them at all (seeds 0 and 1: 40 steps), while a run that went on to 200
     (seed 2) had eroded the report skill (probe 0.90 -> 0.73). The cap keeps that skill, but does not
     make seed 2 learn: with it, RL still drove the researcher off the tool (held-out 0.02 -> 0.01;
-    benchmarks/examples.py, 2026-11-26). Not charging recovered lookup errors (``tool_error_recovered``)
-    lifted seed 2 to +0.20 (2026-11-27), still short of issue 22's +0.3."""
+    benchmarks/examples.py, 2026-11-26). With recovered lookup errors not charged (``tool_error_recovered``)
+    seed 2 gained +0.20 (2026-11-27; one run, and runs of a seed vary), still short of issue 22's +0.3."""
     return StagedWarmStartConfig(
         seed=seed,
         expert_steps=expert_steps,
