@@ -112,7 +112,9 @@ class TorchBackendConfig:
     gradient, and its keys/values are shared by every row (``_response_forward``). The result is the
     same computation (logprobs equal to float rounding, tested); the cost falls from rows x (prefix +
     rest) to prefix + rows x rest tokens, which is most of an update when a 300-token tools prompt
-    precedes 50-token responses (SmolLM2's calculator: ``benchmarks/smollm2.py``)."""
+    precedes 50-token responses (SmolLM2's calculator: ``benchmarks/smollm2.py``). Rows whose prompts
+    differ within their first ``n`` tokens (two agents' requests in one batch) are packed in separate
+    micro-batches, so that each agent's prefix is still shared (``pack_micro_batches(group_prefix=n)``)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
