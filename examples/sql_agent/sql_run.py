@@ -64,7 +64,7 @@ def warm_start(
     out_dir: Path,
     tasks: Sequence[Task],
     seed: int,
-    expert_steps: int = 1500,
+    expert_steps: int = 1000,
     polish_steps: int = 150,
     habit_steps: int = 200,
 ) -> Path:

@@ -115,6 +115,18 @@ def test_expert_queries_match_and_sloppy_guesses_fail_to_run(train_module: Modul
         assert ("Result: Error" in messages[-1]["content"]) == (verdict == train_module.WRONG)
 
 
+def test_the_warm_start_keeps_a_seeded_share_of_the_checker_demonstrations(train_module: ModuleType) -> None:
+    """Half the checker's rows leave the skill phase's batches to the queries to copy; the share is
+    seeded (a rerun trains on the same rows), and a share outside (0, 1] is refused."""
+    demos = [([{"role": "user", "content": str(i)}], None, train_module.CORRECT) for i in range(400)]
+    half = train_module._share(demos, 0.5, seed=4)
+    assert 150 < len(half) < 250 and half == train_module._share(demos, 0.5, seed=4)
+    assert train_module._share(demos, 1.0, seed=4) == demos
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="checker_share"):
+            train_module._share(demos, bad, seed=4)
+
+
 async def _spans(path: Path) -> list[Any]:
     from lightning_rl.store.sqlite import SQLiteStore
 
