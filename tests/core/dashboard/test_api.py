@@ -6,7 +6,9 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,6 +19,17 @@ from lightning_rl.dashboard.serve import running_dashboard, store_label
 from lightning_rl.errors import InvalidRequestError
 from lightning_rl.store.sqlite import SQLiteStore
 from lightning_rl.types import AttemptStatus, RolloutRequest, Task
+
+
+async def _indexed(http: httpx.AsyncClient, *, timeout_s: float) -> dict[str, Any]:
+    """``/api/info`` once the dashboard's background reader has indexed every rollout's spans."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info: dict[str, Any] = (await http.get("/api/info")).json()
+        if info["span_progress"]["indexed"] == info["rollouts"]:
+            return info
+        assert time.monotonic() < deadline, f"spans not indexed after {timeout_s} s: {info['span_progress']}"
+        await asyncio.sleep(0.05)
 
 
 async def test_filters_and_paging_over_a_training_run(trained_run: Path) -> None:
@@ -44,12 +57,9 @@ async def test_filters_and_paging_over_a_training_run(trained_run: Path) -> None
         found = (await http.get("/api/rollouts", params={"q": one.upper()})).json()
         assert [r["id"] for r in found["rows"]] == [one]
 
-        # span-derived filters, once the background reader has caught up
-        for _ in range(200):
-            info = (await http.get("/api/info")).json()
-            if info["span_progress"]["indexed"] == info["rollouts"]:
-                break
-            await __import__("asyncio").sleep(0.05)
+        # span-derived filters, once the background reader has caught up: 10 s was not always enough
+        # on a loaded 2-core CI machine (2026-11-27), so wait up to 120 s and say so if it never does
+        info = await _indexed(http, timeout_s=120.0)
         full = (await http.get("/api/rollouts", params={"limit": 500})).json()["rows"]
         writer = (await http.get("/api/rollouts", params={"role": "writer", "limit": 500})).json()
         assert writer["total"] == sum("writer" in r["roles"] for r in full) > 0

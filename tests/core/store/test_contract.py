@@ -202,15 +202,18 @@ async def test_finish_refuses_a_reward_that_is_not_finite(store: LightningStore,
 
 
 async def test_heartbeat_extends_the_deadline(store: LightningStore) -> None:
-    await store.enqueue([req(1, config=RolloutConfig(heartbeat_timeout_s=0.3))])
+    # Seconds, not tenths: on a loaded 2-core CI machine (PostgreSQL beside the tests) a call can
+    # return a few hundred milliseconds late, and a 0.1 s margin failed there (2026-11-27). Only the
+    # "still alive" check has a deadline to meet (0.8 s of slack); "lost" only gets truer with delay.
+    await store.enqueue([req(1, config=RolloutConfig(heartbeat_timeout_s=2.0))])
     claim = await claim_one(store)
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(1.0)
     beat = await store.heartbeat(claim.attempt.id)
     assert beat.heartbeat_at > claim.attempt.heartbeat_at
-    assert beat.deadline == pytest.approx(beat.heartbeat_at + 0.3)
-    await asyncio.sleep(0.2)  # 0.35 s after the claim, 0.2 s after the heartbeat: still alive
+    assert beat.deadline == pytest.approx(beat.heartbeat_at + 2.0)
+    await asyncio.sleep(1.2)  # >= 2.2 s after the claim (its own deadline passed), 1.2 s after the beat
     assert (await store.get_attempt(claim.attempt.id)).status is AttemptStatus.RUNNING
-    await asyncio.sleep(0.2)  # 0.4 s without a heartbeat: lost
+    await asyncio.sleep(1.2)  # >= 2.4 s without a heartbeat: lost
     lost = await store.get_attempt(claim.attempt.id)
     assert lost.status is AttemptStatus.TIMED_OUT
     assert lost.error is not None and "heartbeat" in lost.error
