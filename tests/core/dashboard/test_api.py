@@ -57,8 +57,8 @@ async def test_filters_and_paging_over_a_training_run(trained_run: Path) -> None
         found = (await http.get("/api/rollouts", params={"q": one.upper()})).json()
         assert [r["id"] for r in found["rows"]] == [one]
 
-        # span-derived filters, once the background reader has caught up: 10 s was not always enough
-        # on a loaded 2-core CI machine (2026-11-27), so wait up to 120 s and say so if it never does
+        # span-derived filters, once the background reader has caught up (it used to count a rollout
+        # whose spans were still being read, which this test met as roles=None on CI, 2026-11-27)
         info = await _indexed(http, timeout_s=120.0)
         full = (await http.get("/api/rollouts", params={"limit": 500})).json()["rows"]
         writer = (await http.get("/api/rollouts", params={"role": "writer", "limit": 500})).json()
@@ -188,6 +188,41 @@ async def test_the_history_loads_in_the_background_newest_first(
         assert page.history_complete
         assert [r.id for r in page.rows] == [f"r{i:02d}" for i in range(10, -1, -1)]  # each once, in order
         assert page.indexed == 10 and page.known == 11  # r10 is still queued: not ended, no spans to read
+        await index.close()
+    finally:
+        await store.close()
+
+
+async def test_a_rollout_counts_as_indexed_only_once_its_spans_are_summarised(tmp_path: Path) -> None:
+    """``indexed`` is what clients wait on before filtering by role: a rollout whose spans are still
+    being read must not count (it did, and a role filter then met ``roles=None``; CI, 2026-11-27)."""
+    store = SQLiteStore(tmp_path / "store.sqlite")
+    release = asyncio.Event()
+    reading = asyncio.Event()
+    real_query_spans = store.query_spans
+
+    async def slow_query_spans(**kwargs: Any) -> Any:  # the real store, held until the test says go
+        reading.set()
+        await release.wait()
+        return await real_query_spans(**kwargs)
+
+    try:
+        await store.enqueue([RolloutRequest(id="r0", task=Task(input={"q": 0}))])
+        (claim,) = await store.claim("w", n=1)
+        await store.finish_attempt(claim.attempt.id, AttemptStatus.SUCCEEDED, reward=1.0)
+        store.query_spans = slow_query_spans  # type: ignore[method-assign]
+        index = RolloutIndex(store, min_refresh_s=0.0)
+        await index.refresh(force=True)
+        index.start_span_indexing()
+        await asyncio.wait_for(reading.wait(), 10)
+        assert index.indexed == 0 and index.get("r0") is not None  # out of the queue, not summarised yet
+        release.set()
+        for _ in range(500):
+            if index.indexed == 1:
+                break
+            await asyncio.sleep(0.01)
+        row = index.get("r0")
+        assert index.indexed == 1 and row is not None and row.roles is not None
         await index.close()
     finally:
         await store.close()

@@ -219,6 +219,8 @@ class RolloutIndex:
     _span_task: asyncio.Task[None] | None = None
     _history_task: asyncio.Task[None] | None = None
     _new_work: asyncio.Event = field(default_factory=asyncio.Event)
+    _reading: int = 0
+    """Rollouts whose spans are being read now: out of the queues but not yet summarised."""
 
     # --- keeping in step -------------------------------------------------------------------
     async def refresh(self, *, force: bool = False) -> None:
@@ -346,6 +348,7 @@ class RolloutIndex:
             await self._new_work.wait()
             self._new_work.clear()
             while (row := self._next_unindexed()) is not None:
+                self._reading += 1  # not ``indexed`` until its spans are in the summary
                 try:
                     await self.index_spans(row)
                 except asyncio.CancelledError:
@@ -354,6 +357,8 @@ class RolloutIndex:
                     log.warning("could not read spans of rollout %s; will retry", row.id, exc_info=True)
                     self._unindexed[row.id] = row
                     await asyncio.sleep(1.0)
+                finally:
+                    self._reading -= 1
                 await asyncio.sleep(0)  # let page requests in between rollouts
 
     async def index_spans(self, row: RolloutSummary) -> None:
@@ -377,7 +382,8 @@ class RolloutIndex:
 
     @property
     def indexed(self) -> int:
-        return len(self.rows) - len(self._unindexed) - len(self._unindexed_history) - len(self._open)
+        pending = len(self._unindexed) + len(self._unindexed_history) + len(self._open) + self._reading
+        return max(len(self.rows) - pending, 0)  # a reset during a read empties rows before the read ends
 
     async def page(self, flt: RolloutFilter, *, limit: int = 50, offset: int = 0) -> RolloutPage:
         """One page of the rollouts matching ``flt``, newest first."""
