@@ -51,13 +51,13 @@ def warm_start(
 ) -> Path:
     """``train.py``'s staged warm start: demonstrations captured from the instrumented crew (at most
     ``steps`` skill steps, then polish and habit), probed on the first ``n_probe`` probe items."""
-    from crew_warm_start import WarmStartSettings, staged_config
+    from crew_warm_start import WarmStartSettings, crew_tiny_model, staged_config
     from crew_warm_start import warm_start as staged_on_captured_demonstrations
 
     from lightning_rl.trainer.services import resolve_model
 
     done = staged_on_captured_demonstrations(
-        resolve_model(model),
+        crew_tiny_model() if model == "tiny" else resolve_model(model),
         Path(out_dir),
         tasks,
         probe_tasks(seed)[:n_probe],

@@ -32,12 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from crew_agent import RESEARCHER, crew_agent  # noqa: E402
 from crew_tasks import make_tasks, split_items  # noqa: E402
-from crew_warm_start import WarmStartSettings, staged_config, warm_start  # noqa: E402
+from crew_warm_start import WarmStartSettings, crew_tiny_model, staged_config, warm_start  # noqa: E402
 
 from lightning_crewai import CrewAIInstrumentor  # noqa: E402
 from lightning_rl.backends.torch_backend import TorchBackendConfig  # noqa: E402
 from lightning_rl.trainer import Trainer, TrainerConfig  # noqa: E402
-from lightning_rl.trainer.services import resolve_model  # noqa: E402
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -84,9 +83,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--shared-prefix",
         type=int,
-        default=40,
+        default=16,
         help="run a prompt prefix of at least this many tokens that an agent's requests share (its system "
         "prompt) once per micro-batch, in the warm start and in RL (0: off)",
+    )
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=2048,
+        help="padded tokens per forward pass, in the warm start and in RL: smaller micro-batches pad "
+        "requests of different lengths less",
     )
     p.add_argument("--habit-tool-rate", type=float, default=0.3, help="how often the habit's demonstrator looks up")
     p.add_argument("--seed", type=int, default=0, help="seeds the item split, the warm start and RL")
@@ -106,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> float | None:
     val_tasks = make_tasks(items.val, seed=args.seed + 1)
     model = args.model
     if model == "tiny":
-        model = str(resolve_model("tiny"))
+        model = str(crew_tiny_model())  # its tokenizer also learnt CrewAI's prompt text (crew_warm_start.py)
         if args.warm_start_steps > 0:
             probe_tasks = make_tasks(items.probe, seed=args.seed + 2)
             warm = warm_start(
@@ -118,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> float | None:
                     seed=args.seed,
                     expert_steps=args.warm_start_steps,
                     shared_prefix=args.shared_prefix,
+                    micro_batch_tokens=args.micro_batch_tokens,
                     progress=not args.quiet,
                 ),
                 settings=WarmStartSettings(habit_tool_rate=args.habit_tool_rate),
@@ -144,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> float | None:
             old_logprobs="sampled",
             temperature=args.temperature,
             shared_prefix=args.shared_prefix,
+            micro_batch_tokens=args.micro_batch_tokens,
         ),
     )
     result = Trainer(config).fit(crew_agent, train_tasks, val_tasks)

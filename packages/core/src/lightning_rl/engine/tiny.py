@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -115,10 +115,20 @@ class TinyModelConfig:
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
     seed: int = 0
+    #: Texts the tokenizer also learns from, besides the built-in corpus: an agent's own prompt text
+    #: (the instructions its framework wraps every request in). The built-in vocabulary spells words it
+    #: does not know letter by letter, so a framework's boilerplate can cost a token per character where
+    #: a pretrained tokenizer spends one per word, and every token is computed on every call. Leave
+    #: out what the model must learn to copy (names, values): a name that became one token would be
+    #: a new, untrained embedding on every question about it.
+    extra_corpus: tuple[str, ...] = ()
 
     def key(self) -> str:
         """A short hash naming this configuration (and the kit's format version) for caching."""
-        payload = json.dumps({"kit": _KIT_VERSION, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        if not self.extra_corpus:  # the key of every model built before the field existed stays the same
+            del fields["extra_corpus"]
+        payload = json.dumps({"kit": _KIT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -238,7 +248,7 @@ def _train_tokenizer(config: TinyModelConfig) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(tiny_corpus(config.seed), trainer=trainer)
+    tokenizer.train_from_iterator([*tiny_corpus(config.seed), *config.extra_corpus], trainer=trainer)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return tokenizer
 
@@ -323,6 +333,7 @@ def build_tiny_model(path: str | os.PathLike[str], config: TinyModelConfig | Non
         or ``TransformersEngine.from_pretrained``.
     """
     config = TinyModelConfig(**{**asdict(config or TinyModelConfig()), **overrides})
+    config = replace(config, extra_corpus=tuple(config.extra_corpus))  # a list from asdict or a caller
     if config.hidden % config.heads or config.heads % config.kv_heads:
         raise ValueError(
             f"hidden ({config.hidden}) must be divisible by heads ({config.heads}) and heads by kv_heads "
@@ -348,6 +359,7 @@ def default_tiny_model(cache_dir: str | os.PathLike[str] | None = None, **overri
     temporary folder that is renamed into place, so concurrent processes never see a half-written model.
     """
     config = TinyModelConfig(**overrides)
+    config = replace(config, extra_corpus=tuple(config.extra_corpus))
     root = Path(cache_dir or os.environ.get("LIGHTNING_CACHE") or Path.home() / ".cache" / "lightning-rl")
     target = root / f"tiny-{config.key()}"
     if (target / "lightning_tiny.json").exists():

@@ -75,6 +75,10 @@ class StagedWarmStartConfig:
     shared_prefix: int = 0
     """``TorchBackendConfig.shared_prefix`` of the warm start's backends: demonstrations share the
     agent's system prompt and tool list, run once per micro-batch when it is at least this long."""
+    micro_batch_tokens: int = 16_384
+    """``TorchBackendConfig.micro_batch_tokens`` of the warm start's backends. Rows of a micro-batch are
+    padded to its longest, so demonstrations of very different lengths (a first request beside one
+    that carries tool results) waste less compute in several smaller micro-batches."""
     progress: bool = True
 
 
@@ -200,6 +204,7 @@ def staged_warm_start(
                 lora_rank=cfg.lora_rank,
                 lora_alpha=2 * cfg.lora_rank if cfg.lora_rank else 16,
                 shared_prefix=cfg.shared_prefix,
+                micro_batch_tokens=cfg.micro_batch_tokens,
             ),
         )
         losses: list[float] = []
@@ -244,7 +249,13 @@ def staged_warm_start(
             # with LoRA the adapters already wrap the model: this optimizer trains those same adapters
             habit = TorchBackend(
                 backend.model,
-                TorchBackendConfig(lr=cfg.habit_lr, seed=cfg.seed + 1, track_kl=False, shared_prefix=cfg.shared_prefix),
+                TorchBackendConfig(
+                    lr=cfg.habit_lr,
+                    seed=cfg.seed + 1,
+                    track_kl=False,
+                    shared_prefix=cfg.shared_prefix,
+                    micro_batch_tokens=cfg.micro_batch_tokens,
+                ),
             )
             habit_done = 0
             while habit_done < cfg.habit_steps:
