@@ -121,6 +121,24 @@ def test_demonstrations_are_what_crewai_sends_and_copy_the_price(example: tuple[
     assert all(c.writer is not None and c.price is not None and c.writer[2] == str(c.price) for c in sloppy)
 
 
+def test_the_tokenizer_corpus_holds_crewais_text_but_no_item_name_or_price(
+    example: tuple[ModuleType, ModuleType],
+) -> None:
+    """What the crew's tiny tokenizer learns from: CrewAI's instructions and the tool's syntax and
+    errors, never a name or a number the model must copy (one would become a single, untrained token)."""
+    tasks, warm = example
+    questions = [
+        Task(input={"item": "pink desk", "asked_as": "pink-desk", "answer": tasks.CATALOGUE["pink desk"]}),
+        Task(input={"item": "red mug", "asked_as": "red mug", "answer": tasks.CATALOGUE["red mug"]}),
+    ]
+    corpus = warm.tokenizer_corpus(asyncio.run(warm.capture(questions, tool_rate=1.0, seed=0)), questions)
+    text = "\n".join(corpus)
+    assert "you MUST return the actual complete content" in text and "lookup_price" in text
+    assert "no catalogue item named" in text  # the misspelt lookup's error
+    assert not any(name in text for name in ("pink desk", "pink-desk", "red mug"))
+    assert not any(ch.isdigit() for ch in text)
+
+
 def _call(completion: str) -> object:
     return json.loads(completion.removeprefix("<tool_call>").removesuffix("</tool_call>"))
 

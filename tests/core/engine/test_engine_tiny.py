@@ -97,6 +97,21 @@ def test_default_tiny_model_is_cached_by_config(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tiny-")]  # no staging left behind
 
 
+def test_an_extra_corpus_teaches_the_tokenizer_an_agents_prompt_text(tmp_path: Path) -> None:
+    """A framework's boilerplate costs about a token per word once the tokenizer has seen it; names left
+    out of the extra text are still spelt in small pieces, and a model without extra text keeps its key."""
+    boiler = "This is the expected criteria for your final answer: you MUST return the actual complete content."
+    knobs = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64}
+    plain = AutoTokenizer.from_pretrained(default_tiny_model(tmp_path, **knobs))
+    taught = AutoTokenizer.from_pretrained(default_tiny_model(tmp_path, **knobs, extra_corpus=(boiler,) * 50))
+    assert len(taught.encode(boiler)) <= len(boiler.split()) + 4 < len(plain.encode(boiler))
+    for text in ("teal kettle", "vok-trisa 4321"):  # not in the extra text: still spelt in small pieces
+        assert len(taught.encode(text)) >= len(text) // 2
+    assert TinyModelConfig(**knobs).key() == TinyModelConfig(**knobs, extra_corpus=()).key()  # type: ignore[arg-type]
+    with_list = default_tiny_model(tmp_path, **knobs, extra_corpus=[boiler] * 50)  # a list is taken as a tuple
+    assert with_list.name == f"tiny-{TinyModelConfig(**knobs, extra_corpus=(boiler,) * 50).key()}"  # type: ignore[arg-type]
+
+
 def test_chat_template_renders_tools_and_round_trips_calls(tiny_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_path)
     messages = [
