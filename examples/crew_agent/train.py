@@ -1,6 +1,7 @@
 """Train the researcher of a two-agent CrewAI crew with LightningRL; the writer stays frozen.
 
-CPU, tiny model (the default; builds a small random model locally, no download)::
+CPU, tiny model (the default; builds a small random model locally, no download, with a tokenizer that
+also learnt CrewAI's prompt text)::
 
     uv run python examples/crew_agent/train.py --seed 0 --out runs/crew_agent
 

@@ -2,7 +2,8 @@
 
 Every example and test must run without a download and on a CPU, yet exercise the exact code path a
 user's real Hugging Face model takes. So the kit does not fake a model: it trains a byte-level BPE
-tokenizer on a small built-in corpus with the ``tokenizers`` library, initialises a Qwen2 (or Llama)
+tokenizer on a small built-in corpus (plus, if given, an agent's own prompt text:
+``TinyModelConfig.extra_corpus``) with the ``tokenizers`` library, initialises a Qwen2 (or Llama)
 architecture ``transformers`` model at random, and writes both with ``save_pretrained`` together with
 a chat template that supports tools. ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` load the folder like any checkpoint from the Hub.
