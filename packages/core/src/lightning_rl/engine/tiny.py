@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -123,6 +123,10 @@ class TinyModelConfig:
     #: out what the model must learn to copy (names, values): a name that became one token would be
     #: a new, untrained embedding on every question about it.
     extra_corpus: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # a list (from asdict, or a caller's) is hashed and cached like the same tuple
+        object.__setattr__(self, "extra_corpus", tuple(self.extra_corpus))
 
     def key(self) -> str:
         """A short hash naming this configuration (and the kit's format version) for caching."""
@@ -334,7 +338,6 @@ def build_tiny_model(path: str | os.PathLike[str], config: TinyModelConfig | Non
         or ``TransformersEngine.from_pretrained``.
     """
     config = TinyModelConfig(**{**asdict(config or TinyModelConfig()), **overrides})
-    config = replace(config, extra_corpus=tuple(config.extra_corpus))  # a list from asdict or a caller
     if config.hidden % config.heads or config.heads % config.kv_heads:
         raise ValueError(
             f"hidden ({config.hidden}) must be divisible by heads ({config.heads}) and heads by kv_heads "
@@ -360,7 +363,6 @@ def default_tiny_model(cache_dir: str | os.PathLike[str] | None = None, **overri
     temporary folder that is renamed into place, so concurrent processes never see a half-written model.
     """
     config = TinyModelConfig(**overrides)
-    config = replace(config, extra_corpus=tuple(config.extra_corpus))
     root = Path(cache_dir or os.environ.get("LIGHTNING_CACHE") or Path.home() / ".cache" / "lightning-rl")
     target = root / f"tiny-{config.key()}"
     if (target / "lightning_tiny.json").exists():
