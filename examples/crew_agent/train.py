@@ -49,7 +49,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny", help="'tiny' (built locally), an HF model folder or hub name")
     p.add_argument("--device", default="cpu", help="torch device for the policy: cpu or cuda")
     p.add_argument("--out", default="runs/crew_agent", help="run folder (metrics.jsonl, reward_curve.png)")
-    p.add_argument("--steps", type=int, default=10, help="RL steps")
+    p.add_argument("--steps", type=int, default=8, help="RL steps")
     p.add_argument(
         "--batch-size", type=int, default=8, help="questions per step (each a CrewAI crew run --group-size times)"
     )
@@ -57,7 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=48, help="completion budget of each model call")
     p.add_argument("--lr", type=float, default=3e-4, help="RL learning rate")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of training rollouts")
-    p.add_argument("--val-every", type=int, default=5, help="validate every this many steps (0: before and after)")
+    p.add_argument("--val-every", type=int, default=0, help="validate every this many steps (0: before and after)")
     p.add_argument("--n-train", type=int, default=180, help="training questions (cycling through the training items)")
     p.add_argument("--n-val", type=int, default=100, help="held-out questions, one per held-out item")
     p.add_argument("--n-probe", type=int, default=40, help="probe items: they only check the warm start's skills")

@@ -57,6 +57,11 @@ class StagedWarmStartConfig:
     polish_steps: int = 150
     habit_steps: int = 200
     habit_target: float = 0.25
+    habit_floor: float = 0.0
+    """The habit phase stops only once the mean probability is at least this too. Supervised steps on a
+    sloppy demonstrator move a small model's first token in jumps (the share of tool calls in each batch
+    varies): checked every 2 steps, the crew's researcher swung between 0.0 and 0.65. A base that almost
+    never calls its tool gives RL a handful of tool calls per step, too few to learn from."""
     habit_greedy_target: float = 0.1
     habit_min_steps: int = 30
     """The habit phase's first steps leave the policy in flux (high entropy); it is not checked before."""
@@ -92,6 +97,9 @@ class StagedWarmStart:
     habit_steps: int
     skills: dict[str, float] = field(default_factory=dict[str, float])
     losses: list[float] = field(default_factory=list[float])
+    habit_curve: list[tuple[int, float, float]] = field(default_factory=list[tuple[int, float, float]])
+    """(habit steps, mean probability, greedy share) of the tool-call token at each habit check: how
+    fast the habit formed, and how far past the targets the last chunk went."""
 
 
 def greedy_exact_match(model: Any, examples: Sequence[Example], pad_id: int) -> float:
@@ -137,6 +145,12 @@ def first_token_probability(model: Any, prompts: Sequence[list[int]], token_id: 
     model.train(was_training)
     n = max(len(prompts), 1)
     return total / n, argmax / n
+
+
+def _habit_miss(cfg: StagedWarmStartConfig, mean_p: float, greedy: float) -> float:
+    """How far a habit check is from the targets: 0 inside them (a probability in
+    ``[habit_floor, habit_target]``, greedy share at most ``habit_greedy_target``)."""
+    return max(0.0, cfg.habit_floor - mean_p, mean_p - cfg.habit_target) + max(0.0, greedy - cfg.habit_greedy_target)
 
 
 def staged_warm_start(
@@ -258,15 +272,27 @@ def staged_warm_start(
                 ),
             )
             habit_done = 0
+            habit_curve: list[tuple[int, float, float]] = []
+            nearest: tuple[float, int, dict[str, Any]] | None = None  # (miss, steps, weights) of the best check
+            reached = False
             while habit_done < cfg.habit_steps:
                 chunk = min(cfg.habit_every, cfg.habit_steps - habit_done)
                 losses += habit.sft(sloppy_ex, steps=chunk, batch_size=cfg.batch_size, on_step=bar.on_step)
                 habit_done += chunk
                 if habit_done >= cfg.habit_min_steps and habit_ex:
                     mean_p, greedy = first_token_probability(model, habit_ex, tool_token)
-                    if mean_p <= cfg.habit_target and greedy <= cfg.habit_greedy_target:
+                    habit_curve.append((habit_done, mean_p, greedy))
+                    miss = _habit_miss(cfg, mean_p, greedy)
+                    if miss == 0:
+                        reached = True
                         break
+                    if cfg.habit_floor > 0 and (nearest is None or miss < nearest[0]):
+                        weights = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+                        nearest = (miss, habit_done, weights)
             bar.skip(cfg.habit_steps - habit_done)
+            if not reached and nearest is not None:  # never inside the targets: back to the closest check
+                backend.model.load_state_dict(nearest[2])
+                habit_done = nearest[1]
         result = StagedWarmStart(
             out_dir,
             done,
@@ -277,6 +303,7 @@ def staged_warm_start(
                 **{f"base/{k}": v for k, v in probe_skills().items()},
             },
             losses,
+            habit_curve,
         )
         out_dir.mkdir(parents=True, exist_ok=True)
         adapted: Any = backend.model  # a peft wrapper when cfg.lora_rank: its adapters merge into the weights
@@ -288,6 +315,7 @@ def staged_warm_start(
         "final_losses": losses[-10:],
         "examples": len(expert_ex),
         "skills": {"expert_steps": float(done), "habit_steps": float(habit_done), **result.skills},
+        "habit_curve": [list(point) for point in habit_curve],
         "config": asdict(cfg),
     }
     (out_dir / "warm_start.json").write_text(json.dumps(record, indent=2))
