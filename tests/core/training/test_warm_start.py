@@ -75,3 +75,43 @@ def test_the_staged_warm_start_refuses_what_it_cannot_use(tmp_path: Path, tiny_m
             habit_prompts=[],
             config=StagedWarmStartConfig(tool_token="<nothing-like-this>", progress=False),
         )
+
+
+def test_a_habit_that_never_lands_inside_its_band_goes_back_to_the_nearest_check(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    """``habit_floor``: the habit must stop inside [floor, target]. A band no check reaches (mean
+    probability at least 0.5 with the tool call the greedy choice nowhere) ends the phase at its step
+    budget, then restores the weights of the check that came closest; ``warm_start.json`` keeps every check."""
+    import json
+
+    from lightning_rl.trainer.staged_warm_start import StagedWarmStartConfig, _habit_miss, staged_warm_start
+
+    def ask(w: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"colour {w}"}]
+
+    words = ("red", "blue", "green", "gold", "grey", "pink")
+    expert = [(ask(w), TOOLS, f'<tool_call>{{"name": "add", "arguments": {{}}}}</tool_call>{w}') for w in words]
+    sloppy = [(ask(w), TOOLS, f"it is {w}") for w in words]
+    config = StagedWarmStartConfig(
+        expert_steps=300, probe_every=25, polish_steps=10, habit_steps=12, habit_min_steps=1, habit_every=1,
+        habit_floor=0.5, habit_target=0.6, habit_greedy_target=0.0, batch_size=6, lr=3e-3, habit_lr=1e-3,
+        progress=False,
+    )  # fmt: skip
+    done = staged_warm_start(
+        tiny_model_path,
+        tmp_path / "ws",
+        expert=expert,
+        sloppy=sloppy,
+        probes={"tool_call": expert[:3]},
+        habit_prompts=expert,
+        config=config,
+    )
+    curve = done.habit_curve
+    assert [step for step, _, _ in curve] == list(range(1, 13))
+    assert all(_habit_miss(config, p, greedy) > 0 for _, p, greedy in curve)
+    best = min(curve, key=lambda c: _habit_miss(config, c[1], c[2]))  # the first of equals, as the phase keeps
+    assert done.habit_steps == best[0]
+    assert done.skills["base/p_tool_call"] == pytest.approx(best[1], abs=1e-5)
+    record = json.loads((done.model_dir / "warm_start.json").read_text())
+    assert record["skills"]["habit_steps"] == best[0] and len(record["habit_curve"]) == 12

@@ -17,7 +17,10 @@ Getting there reliably took three phases (docs/learning.md tells the story with 
 3. **Habit**: steps on a sloppy demonstrator who mostly answers from memory, until the policy starts
    with the tool-call token with mean probability at most ``habit_target`` *and* greedy decoding
    starts with it on at most ``habit_greedy_target`` of the probe prompts (a flat distribution can
-   average 0.2 while the tool call is still its argmax everywhere).
+   average 0.2 while the tool call is still its argmax everywhere). With ``habit_floor`` set, the
+   probability must also stay at least that high: the phase stops inside the band, or, if no check
+   lands there, goes back to the weights of the check that came closest. ``warm_start.json`` keeps
+   every check (``habit_curve``).
 
 The demo (``lightning_rl.demo``) and the four framework examples use it with their own demonstrations.
 """
