@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -10,6 +11,18 @@ from transformers import AutoModelForCausalLM
 from lightning_rl.trainer.warm_start import sft_on_chats
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def _colour_demos() -> tuple[list[Any], list[Any]]:
+    """(expert, sloppy) demonstrations for the staged warm start: the expert calls its tool first, the
+    sloppy one answers from memory."""
+
+    def ask(w: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"colour {w}"}]
+
+    words = ("red", "blue", "green", "gold", "grey", "pink")
+    expert = [(ask(w), TOOLS, f'<tool_call>{{"name": "add", "arguments": {{}}}}</tool_call>{w}') for w in words]
+    return expert, [(ask(w), TOOLS, f"it is {w}") for w in words]
 
 
 def test_sft_on_chats_lowers_the_loss_and_saves_a_loadable_model(tmp_path: Path, tiny_model_path: Path) -> None:
@@ -32,12 +45,7 @@ def test_the_staged_warm_start_forms_the_skill_then_the_habit(tmp_path: Path, ti
     policy's first-token probability of the tool call down below its target."""
     from lightning_rl.trainer.staged_warm_start import StagedWarmStartConfig, staged_warm_start
 
-    def ask(w: str) -> list[dict[str, str]]:
-        return [{"role": "user", "content": f"colour {w}"}]
-
-    words = ("red", "blue", "green", "gold", "grey", "pink")
-    expert = [(ask(w), TOOLS, f'<tool_call>{{"name": "add", "arguments": {{}}}}</tool_call>{w}') for w in words]
-    sloppy = [(ask(w), TOOLS, f"it is {w}") for w in words]
+    expert, sloppy = _colour_demos()
     config = StagedWarmStartConfig(
         expert_steps=300, probe_every=25, polish_steps=10, habit_steps=200, habit_min_steps=10, batch_size=6,
         lr=3e-3, habit_lr=3e-3, progress=False,
@@ -87,12 +95,7 @@ def test_a_habit_that_never_lands_inside_its_band_goes_back_to_the_nearest_check
 
     from lightning_rl.trainer.staged_warm_start import StagedWarmStartConfig, _habit_miss, staged_warm_start
 
-    def ask(w: str) -> list[dict[str, str]]:
-        return [{"role": "user", "content": f"colour {w}"}]
-
-    words = ("red", "blue", "green", "gold", "grey", "pink")
-    expert = [(ask(w), TOOLS, f'<tool_call>{{"name": "add", "arguments": {{}}}}</tool_call>{w}') for w in words]
-    sloppy = [(ask(w), TOOLS, f"it is {w}") for w in words]
+    expert, sloppy = _colour_demos()
     config = StagedWarmStartConfig(
         expert_steps=300, probe_every=25, polish_steps=10, habit_steps=12, habit_min_steps=1, habit_every=1,
         habit_floor=0.5, habit_target=0.6, habit_greedy_target=0.0, batch_size=6, lr=3e-3, habit_lr=1e-3,
