@@ -19,9 +19,13 @@ The floors, lowest first, and why each sits where it does:
 4. what records agents: tracing, capture, the plugins' shared core;
 5. what reads and runs rollouts: the adapter and the runner;
 6. training backends (update weights, publish them to a gateway) and the dashboard (reads the store);
-7. the algorithms' shared interface (``algorithms.base``: Algorithm, TrainResult, the registry);
+7. the algorithms' shared interface (``algorithms.base``: Algorithm, TrainResult, the registry), the
+   preference pair builder (``algorithms.pairs``: pure functions, shared by DPO and the export), the
+   transcript renderer (``algorithms.apo_render``: spans -> text, shared by APO and the judge) and the
+   judge rewards (``rewards``: scores a group's rendered rollouts; the loop calls it);
 8. the training loop (``trainer``);
-9. the algorithms built on the loop (SFT, DPO, APO), VeRL's trainer;
+9. the algorithms built on the loop (SFT, DPO, APO), VeRL's trainer, and the exports to other trainers
+   (``export``: reads the store through the adapter, builds pairs, uploads to hosted fine-tuning);
 10. the demo (uses the public trainer API);
 11. entry points: the CLIs, ``lightning_rl.testing`` and the package's lazy facade.
 """
@@ -41,6 +45,7 @@ FLOORS: dict[str, int] = {
     "lightning_rl.semconv": 0,
     "lightning_rl.extras": 0,
     "lightning_rl.memory": 0,
+    "lightning_rl.seeding": 0,
     "lightning_rl.credentials": 0,
     "lightning_rl.roles": 0,
     "lightning_rl._serving": 0,
@@ -58,9 +63,13 @@ FLOORS: dict[str, int] = {
     "lightning_rl.backends": 6,
     "lightning_rl.dashboard": 6,
     "lightning_rl.algorithms.base": 7,
+    "lightning_rl.algorithms.pairs": 7,
+    "lightning_rl.algorithms.apo_render": 7,
+    "lightning_rl.rewards": 7,
     "lightning_rl.trainer": 8,
     "lightning_rl.algorithms": 9,
     "lightning_rl.trainer.verl": 9,
+    "lightning_rl.export": 9,
     "lightning_rl.demo": 10,
     "lightning_rl.cli": 11,
     "lightning_rl.testing": 11,
@@ -71,6 +80,7 @@ FLOORS: dict[str, int] = {
     "lightning_rl.runner._cli": 11,
     "lightning_rl.dashboard._cli": 11,
     "lightning_rl.plugins._cli": 11,
+    "lightning_rl.export._cli": 11,
     "lightning_rl": 11,
 }
 """Module prefix -> floor; the longest matching prefix wins (``lightning_rl`` alone is the facade)."""

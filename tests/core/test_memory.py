@@ -51,3 +51,22 @@ def test_freed_chunks_in_the_middle_of_the_heap_are_returned() -> None:
 def test_it_is_safe_to_call_repeatedly() -> None:
     for _ in range(3):
         release_free_memory()
+
+
+def test_peak_memory_attributes_a_peak_to_the_phase_it_happened_in() -> None:
+    import sys
+
+    from lightning_rl.memory import PeakMemory
+
+    memory = PeakMemory()
+    memory.phase("quiet")
+    block = bytearray(300_000_000)  # 300 MB, touched: resident
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    del block
+    memory.phase("busy")
+    if not sys.platform.startswith("linux"):
+        assert memory.metrics() == {}
+        return
+    peaks = memory.metrics()
+    assert peaks["mem/busy_peak_gb"] >= peaks["mem/quiet_peak_gb"] + 0.25

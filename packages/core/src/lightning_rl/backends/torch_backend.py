@@ -19,6 +19,7 @@ reward does.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -45,7 +46,15 @@ from lightning_rl.engine.logprobs import sampling_logprobs
 from lightning_rl.memory import release_free_memory
 from lightning_rl.types import Transition
 
-__all__ = ["TorchBackendConfig", "TorchBackend", "MicroBatch", "pack_micro_batches"]
+__all__ = [
+    "TorchBackendConfig",
+    "TorchBackend",
+    "MicroBatch",
+    "pack_micro_batches",
+    "fast_bfloat16",
+    "response_logits",
+    "shared_prefix_len",
+]
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +104,25 @@ class TorchBackendConfig:
     mini_batches: int = 1
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
     micro_batch_tokens: int = 16_384
-    """Padded tokens per forward pass; bounds memory."""
+    """Tokens per forward pass, padding included; bounds memory. With ``shared_prefix`` a prefix that
+    the rows share counts once (``pack_micro_batches``)."""
     temperature: float = 1.0
     """Sampling temperature of the engine; logprobs are computed under the same distribution."""
     top_p: float = 1.0
     device: str = "cpu"
     dtype: str = "float32"
     """Parameter dtype (``bfloat16`` on GPU); logprobs are always computed in float32."""
+    autocast: str | None = None
+    """``"auto"``: ``"bfloat16"`` where this machine's bfloat16 matmuls are fast (a GPU, or a CPU with
+    AVX512_BF16 or AMX: ``fast_bfloat16``), else ``None``. A CPU without them emulates bfloat16 and
+    runs it ~60x slower than float32 (0.4 vs 25 GFLOP/s measured on an AVX2 EPYC).
+    ``"bfloat16"``: run the decoder body's matmuls in bfloat16 under ``torch.autocast`` while the
+    weights, their gradients and the optimizer stay float32, and the output head and the softmax run
+    in float32 (a bfloat16 head would put ~0.05 nats of rounding into every logprob). On a CPU with
+    AVX512_BF16 or AMX a bfloat16 matmul is 3-5x faster (``benchmarks/roofline.py``). The policy then
+    differs from a float32 engine by bfloat16 rounding, so pair it with ``old_logprobs="recompute"``:
+    the PPO ratio is taken against this backend's own logprobs, not the engine's (the gap between the
+    two is measured in tests/core/training/test_autocast.py). ``None``: float32 throughout."""
     lora_rank: int = 0
     """0 trains all weights; > 0 trains LoRA adapters of that rank (needs ``peft``)."""
     lora_alpha: int = 16
@@ -128,6 +149,33 @@ class TorchBackendConfig:
             raise ValueError("shared_prefix must be >= 0 (0 turns prefix sharing off).")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("clip_low must be in [0, 1) and clip_high >= 0.")
+        if self.autocast not in (None, "auto", "bfloat16", "float16"):
+            raise ValueError(f"autocast must be None, 'auto', 'bfloat16' or 'float16', got {self.autocast!r}.")
+        if self.autocast == "auto":
+            self.autocast = "bfloat16" if fast_bfloat16(self.device) else None
+
+
+def fast_bfloat16(device: str = "cpu") -> bool:
+    """Whether bfloat16 matmuls run natively on ``device``: any CUDA device, or a CPU whose flags
+    (``/proc/cpuinfo``) include ``avx512_bf16`` or ``amx_bf16``. Where the flags cannot be read
+    (not Linux), a 64x256x256 matmul is timed in both precisions (a few milliseconds)."""
+    if device.startswith("cuda"):
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+        return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    seconds: dict[torch.dtype, float] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(64, 256, dtype=dtype), torch.randn(256, 256, dtype=dtype)
+        torch.mm(a, b)  # warm-up
+        started = time.perf_counter()
+        for _ in range(5):
+            torch.mm(a, b)
+        seconds[dtype] = time.perf_counter() - started
+    return seconds[torch.bfloat16] * 1.5 < seconds[torch.float32]
 
 
 @dataclass
@@ -151,19 +199,22 @@ def pack_micro_batches(
     gets a micro-batch of its own (never truncated). ``group_prefix > 0`` keeps prompts that differ in
     their first ``group_prefix`` tokens in different micro-batches: a batch that mixes two agents'
     requests (a planner's and an answerer's system prompt) then still has one shared prefix per
-    micro-batch for ``TorchBackendConfig.shared_prefix`` to run once. When every prompt starts alike
-    (one agent) the packing is the same as without it."""
+    micro-batch for ``TorchBackendConfig.shared_prefix`` to run once. The budget then counts what a
+    forward pass computes: the prefix the bucket's prompts share once, plus each row's rest. With a
+    300-token tools prompt and 50-token rests, a budget that counted every row's prefix would fit a
+    sixth as many rows and run the prefix six times as often for the same memory."""
     buckets: dict[tuple[int, ...], list[int]] = {}
     for i, (prompt, _) in enumerate(seqs):
         buckets.setdefault(tuple(prompt[:group_prefix]) if group_prefix > 0 else (), []).append(i)
     groups: list[list[int]] = []
     for members in buckets.values():
+        common = _common_prefix([seqs[i][0] for i in members]) if group_prefix > 0 and len(members) > 1 else 0
         order = sorted(members, key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
         current: list[int] = []
         longest = 0
         for i in order:
             n = len(seqs[i][0]) + len(seqs[i][1])
-            if current and max(longest, n) * (len(current) + 1) > budget:
+            if current and common + (max(longest, n) - common) * (len(current) + 1) > budget:
                 groups.append(current)
                 current, longest = [], 0
             current.append(i)
@@ -190,6 +241,18 @@ def pack_micro_batches(
             )
         )
     return out
+
+
+def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens every prompt starts with, leaving each at least one of its own (as ``shared_prefix_len``)."""
+    first = prompts[0]
+    length = min(len(p) for p in prompts) - 1
+    for other in prompts[1:]:
+        i = 0
+        while i < length and other[i] == first[i]:
+            i += 1
+        length = i
+    return max(length, 0)
 
 
 class TorchBackend:
@@ -271,60 +334,23 @@ class TorchBackend:
         usually far longer than responses, and ``[batch, length, vocab]`` logits of a real vocabulary
         would dominate memory and time. The entropy reuses the distribution the logprobs are
         gathered from, so it costs no forward pass and no second softmax."""
-        ids = mb.input_ids.to(self.device)
-        mask = mb.attention_mask.to(self.device)
-        rows = torch.tensor(
-            [row for row, r in enumerate(mb.response_lens) for _ in range(r)], dtype=torch.long, device=self.device
-        )
-        # hidden state at position j predicts token j + 1
-        cols = torch.tensor(
-            [p - 1 + k for p, r in zip(mb.prompt_lens, mb.response_lens, strict=True) for k in range(r)],
-            dtype=torch.long,
-            device=self.device,
-        )
-        shared = self.shared_prefix_len(mb)
-        split = _split_head(model)
-        if shared:
-            # the common prefix once (batch 1, with gradient), its keys/values repeated for every row,
-            # then the rest of each row on top of them: positions continue from the prefix's length
-            cache: Any = _dynamic_cache(model)
-            runner = split[0] if split is not None else model
-            runner(input_ids=ids[:1, :shared], past_key_values=cache, use_cache=True)
-            cache.batch_repeat_interleave(ids.shape[0])
-            rest = runner(input_ids=ids[:, shared:], attention_mask=mask, past_key_values=cache, use_cache=True)
-            if split is not None:
-                logits = split[1](rest.last_hidden_state[rows, cols - shared])
-            else:
-                logits = rest.logits[rows, cols - shared]
-        elif split is not None:
-            body, head = split
-            hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
-            logits = head(hidden[rows, cols])
-        else:
-            logits = model(input_ids=ids, attention_mask=mask).logits[rows, cols]
+        logits, targets = response_logits(model, mb, self.shared_prefix_len(mb), self.device, self._autocast())
         dist = sampling_logprobs(logits.float(), self.config.temperature, self.config.top_p)
-        logp = dist.gather(-1, ids[rows, cols + 1].unsqueeze(-1)).squeeze(-1)
+        logp = dist.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         if not entropy:
             return logp, None
         with torch.no_grad():
             return logp, token_entropy(dist.detach())
 
-    def shared_prefix_len(self, mb: MicroBatch) -> int:
-        """Tokens at the start that every row of ``mb`` shares, if at least ``config.shared_prefix`` (else 0).
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast`` at ``config.autocast`` on this backend's device, or nothing."""
+        if self.config.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.config.autocast))
 
-        At most the shortest prompt minus one token: the position that predicts a row's first response
-        token must be in the part each row runs itself."""
-        minimum = self.config.shared_prefix
-        if minimum <= 0 or mb.input_ids.shape[0] < 2:
-            return 0
-        limit = min(mb.prompt_lens) - 1
-        if limit < minimum:
-            return 0
-        ids = mb.input_ids[:, :limit]
-        same = (ids == ids[:1]).all(dim=0)
-        differ = (~same).nonzero()
-        n = int(differ[0, 0]) if differ.numel() else limit
-        return n if n >= minimum else 0
+    def shared_prefix_len(self, mb: MicroBatch) -> int:
+        """Tokens at the start that every row of ``mb`` shares, if at least ``config.shared_prefix`` (else 0)."""
+        return shared_prefix_len(mb, self.config.shared_prefix)
 
     def logprobs(self, transitions: Sequence[Transition]) -> list[list[float]]:
         """This model's logprobs of each transition's response (no gradient), for checks and parity tests."""
@@ -802,6 +828,78 @@ def _dynamic_cache(model: Any) -> Any:
     if hasattr(model, "get_base_model"):
         model = model.get_base_model()
     return DynamicCache(config=model.config)
+
+
+def shared_prefix_len(mb: MicroBatch, minimum: int) -> int:
+    """Tokens at the start that every row of ``mb`` shares, if at least ``minimum`` (else 0; and 0
+    when ``minimum <= 0``: sharing off).
+
+    At most the shortest prompt minus one token: the position that predicts a row's first response
+    token must be in the part each row runs itself."""
+    if minimum <= 0 or mb.input_ids.shape[0] < 2:
+        return 0
+    limit = min(mb.prompt_lens) - 1
+    if limit < minimum:
+        return 0
+    ids = mb.input_ids[:, :limit]
+    same = (ids == ids[:1]).all(dim=0)
+    differ = (~same).nonzero()
+    n = int(differ[0, 0]) if differ.numel() else limit
+    return n if n >= minimum else 0
+
+
+def response_logits(
+    model: Any,
+    mb: MicroBatch,
+    shared: int = 0,
+    device: torch.device | None = None,
+    autocast: contextlib.AbstractContextManager[Any] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits at every position that predicts a response token, those tokens), flat in row order:
+    ``[sum(response_lens), vocab]`` and ``[sum(response_lens)]``. Gradients flow when enabled.
+
+    The output head is applied only at those positions: prompts are usually far longer than
+    responses, and ``[batch, length, vocab]`` logits of a real vocabulary would dominate memory and
+    time (300 x 49,152 floats, 59 MB, per row of a SmolLM2 tools prompt). With ``shared > 0`` the
+    first ``shared`` tokens, which every row has in common, run once (batch 1) and their keys and
+    values are repeated for every row; the rest of each row runs on top of them. Under ``autocast``
+    the body runs in its precision and the head, outside it, in the weights' own."""
+    device = device or mb.input_ids.device
+    ids = mb.input_ids.to(device)
+    mask = mb.attention_mask.to(device)
+    rows = torch.tensor(
+        [row for row, r in enumerate(mb.response_lens) for _ in range(r)], dtype=torch.long, device=device
+    )
+    # hidden state at position j predicts token j + 1
+    cols = torch.tensor(
+        [p - 1 + k for p, r in zip(mb.prompt_lens, mb.response_lens, strict=True) for k in range(r)],
+        dtype=torch.long,
+        device=device,
+    )
+    split = _split_head(model)
+    hidden: torch.Tensor | None = None  # the body's output at the predicting positions (split head)
+    logits: torch.Tensor | None = None  # or the whole model's logits there
+    with autocast or contextlib.nullcontext():
+        if shared:
+            # positions continue from the prefix's length: the rest attends to the prefix's keys/values
+            cache: Any = _dynamic_cache(model)
+            runner = split[0] if split is not None else model
+            runner(input_ids=ids[:1, :shared], past_key_values=cache, use_cache=True)
+            cache.batch_repeat_interleave(ids.shape[0])
+            rest = runner(input_ids=ids[:, shared:], attention_mask=mask, past_key_values=cache, use_cache=True)
+            if split is not None:
+                hidden = rest.last_hidden_state[rows, cols - shared]
+            else:
+                logits = rest.logits[rows, cols - shared]
+        elif split is not None:
+            hidden = split[0](input_ids=ids, attention_mask=mask).last_hidden_state[rows, cols]
+        else:
+            logits = model(input_ids=ids, attention_mask=mask).logits[rows, cols]
+    if hidden is not None and split is not None:
+        head = split[1]
+        logits = head(hidden.to(head.weight.dtype))
+    assert logits is not None
+    return logits, ids[rows, cols + 1]
 
 
 def _split_head(model: Any) -> tuple[Any, Any] | None:

@@ -121,6 +121,8 @@ class DemoConfig:
     micro_batch_tokens: int = 16_384
     """``TorchBackendConfig.micro_batch_tokens``: padded tokens per forward of the update."""
     progress: bool = True
+    deterministic: bool = False
+    """``TrainerConfig.deterministic``: two runs of one seed log identical metrics (slower)."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoConfig:
@@ -234,6 +236,7 @@ def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig, **overrides: 
         "val_every": cfg.val_every,
         "air": {"tool_error": -0.1},
         "seed": cfg.seed,
+        "deterministic": cfg.deterministic,
         "progress": cfg.progress,
         "concurrency": cfg.batch_size * cfg.group_size,
         "backend": TorchBackendConfig(

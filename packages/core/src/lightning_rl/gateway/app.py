@@ -78,6 +78,7 @@ from lightning_rl.gateway.upstreams import (
     call_in_task,
 )
 from lightning_rl.gateway.validation import check_chat_request, check_completion_request, check_responses_request
+from lightning_rl.seeding import CallSeeds
 from lightning_rl.store.base import LightningStore
 from lightning_rl.store.writer import SpanWriter
 
@@ -135,6 +136,9 @@ class GatewayConfig:
     """The folder ``POST /admin/weights`` may load weights files from (``None``: no file may be
     loaded; an upstream backend, which takes only a version, still works). Paths outside it are
     refused with a 403 that says nothing about them."""
+    call_seeds: CallSeeds | None = None
+    """Seeds for the recorded calls that set none, derived from the run's seed, the rollout and the
+    call (``lightning_rl.seeding``; the trainer sets it). ``None``: such calls draw from OS randomness."""
 
 
 class _SSE(StreamingResponse):
@@ -269,7 +273,11 @@ class _Gateway:
         stop: list[str],
         seed: int | None,
         top_logprobs: int,
+        ctx: CallContext,
     ) -> SamplingParams:
+        seeds = self.config.call_seeds
+        if seed is None and seeds is not None and ctx.rollout_id is not None:
+            seed = seeds.next_seed(ctx.rollout_id, ctx.attempt_id)
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if temperature is None else temperature,
@@ -337,6 +345,7 @@ class _Gateway:
                 req.stop_list(),
                 req.seed,
                 (req.top_logprobs or 0) if want_lp else 0,
+                ctx,
             )
             spec = CallSpec(
                 "chat",
@@ -416,7 +425,9 @@ class _Gateway:
             max_tokens = self._limits(n, req.max_tokens)
             prompts = _prompts(req.prompt)
             want_lp = req.logprobs is not None
-            params = self._params(req.temperature, req.top_p, max_tokens, req.stop_list(), req.seed, req.logprobs or 0)
+            params = self._params(
+                req.temperature, req.top_p, max_tokens, req.stop_list(), req.seed, req.logprobs or 0, ctx
+            )
             specs = [
                 CallSpec(
                     "completion", params, n, req.max_tokens, prompt=p, want_logprobs=want_lp, body=body, role=ctx.role
@@ -469,7 +480,7 @@ class _Gateway:
             messages = fmt.responses_messages(req)
             tools = fmt.responses_tools(req.tools)
             tool_choice = fmt.responses_tool_choice(req.tool_choice)
-            params = self._params(req.temperature, req.top_p, max_tokens, [], req.seed, 0)
+            params = self._params(req.temperature, req.top_p, max_tokens, [], req.seed, 0, ctx)
             chat_body: dict[str, Any] = {"model": req.model, "messages": messages, "n": 1, "max_tokens": max_tokens}
             for key in ("temperature", "top_p", "seed", "parallel_tool_calls"):
                 if body.get(key) is not None:

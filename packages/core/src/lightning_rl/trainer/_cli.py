@@ -35,6 +35,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="the reduced configuration of CI's learning guard (fewer, smaller RL steps; 50 held-out tasks)",
     )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="the same seed, thread count and machine give identical metrics (slower: one sequence at a time)",
+    )
     p.set_defaults(handler=_demo)
 
     t: argparse.ArgumentParser = subparsers.add_parser(
@@ -69,7 +74,12 @@ def _demo(args: argparse.Namespace) -> int:
     from lightning_rl.demo.run import DemoConfig, print_summary, run_demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    settings: dict[str, Any] = {"seed": args.seed, "run_dir": args.out, "progress": not args.quiet}
+    settings: dict[str, Any] = {
+        "seed": args.seed,
+        "run_dir": args.out,
+        "progress": not args.quiet,
+        "deterministic": args.deterministic,
+    }
     if args.model == "smollm2-135m":
         if args.quick:
             raise SystemExit("--quick is the tiny model's CI configuration; run --model smollm2-135m without it.")

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from lightning_rl.adapter import AIRPolicy
 from lightning_rl.backends.torch_backend import TorchBackendConfig
 from lightning_rl.credit import AdvantageEstimator, CreditStrategy
+from lightning_rl.rewards.config import JudgeConfig
 from lightning_rl.trainer.sinks import LOGGERS, check_loggers
 
 __all__ = ["TrainerConfig"]
@@ -48,6 +49,9 @@ class TrainerConfig:
     air: AIRPolicy = field(default_factory=dict[str, float])
     """Automatic intermediate rewards: signal name -> reward per occurrence, e.g. {"tool_error": -0.1}
     (see ``lightning_rl.adapter.air_policy``)."""
+    judge: JudgeConfig | None = None
+    """A group-relative LLM judge whose scores become the rewards (``lightning_rl.rewards``,
+    docs/rewards.md); in a run file, an ``[algorithm.judge]`` table. None: the agent's own reward."""
     untrainable_roles: Literal["shared", "frozen"] = "shared"
     """What answers the roles that are not trained. ``shared``: the policy under training (one set of
     weights, so as the trainable roles learn, what the other roles say changes too). ``frozen``: a
@@ -78,6 +82,15 @@ class TrainerConfig:
     resume: bool = False
     """Continue from the latest checkpoint in ``run_dir``."""
     seed: int = 0
+    """Seeds the task order, the backend and every recorded call's sampling (``lightning_rl.seeding``)."""
+    deterministic: bool = False
+    """Make two runs of one seed, on one machine and thread count, log identical metrics apart from
+    timings. Sampling seeds repeat in both modes; what differs between runs by default is float
+    rounding that depends on which requests the engine happens to batch together (batch shape,
+    padding, the shared prefix). This mode has the engine serve one sequence at a time, so that every
+    call's logits depend on its own tokens only (each step's rollouts reach the update in the order
+    they were enqueued in both modes). It is slower: rollouts run one decode stream instead of a
+    batch (docs/learning.md says how much)."""
     device: str = "cpu"
     backend: TorchBackendConfig = field(default_factory=TorchBackendConfig)
     tensorboard: bool = True

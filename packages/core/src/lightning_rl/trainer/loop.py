@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import statistics
 import time
@@ -31,8 +32,9 @@ from lightning_rl.agent import AgentFn
 from lightning_rl.algorithms.base import TrainResult
 from lightning_rl.capture import retokenize_samples
 from lightning_rl.credit import RolloutSample
-from lightning_rl.memory import release_free_memory
+from lightning_rl.memory import PeakMemory, release_free_memory
 from lightning_rl.plugins.base import declared_trainable
+from lightning_rl.rewards import GroupJudge, judge_samples
 from lightning_rl.roles import RoleSelector, RoleSpec
 from lightning_rl.store.base import LightningStore
 from lightning_rl.trainer.config import TrainerConfig
@@ -93,8 +95,13 @@ async def collect_samples(
     *,
     trainable: RoleSelector | None,
     air: AIRPolicy,
+    missing_reward: float | None = None,
 ) -> _Collected:
-    """Turn finished rollouts into rollout samples. Failed / timed-out ones are counted, never scored 0."""
+    """Turn finished rollouts into rollout samples. Failed / timed-out ones are counted, never scored 0.
+
+    A succeeded rollout without a reward is excluded too, unless ``missing_reward`` is given (NaN
+    when a judge supplies every reward): it then gets that value.
+    """
     out = _Collected()
     for rollout in rollouts:
         if rollout.status is RolloutStatus.TIMED_OUT:
@@ -107,6 +114,8 @@ async def collect_samples(
         attempt = attempts[-1]
         spans = await store.query_spans(attempt_id=attempt.id)
         reward = final_reward(rollout, spans)
+        if reward is None and missing_reward is not None:
+            reward = missing_reward
         if reward is None:
             out.failed += 1
             log.warning("rollout %s succeeded without a reward; excluded (return one or call emit_reward)", rollout.id)
@@ -139,6 +148,8 @@ class Trainer:
         self.trainable = None if trainable is None else RoleSelector.of(trainable)
         self.run_dir = Path(self.config.run_dir)
         self.update_rule: UpdateRule = make_update_rule(self.config)
+        judge = self.config.judge
+        self.judge = GroupJudge(judge, cache_dir=self.run_dir / "judge_cache") if judge else None
         self._warned_undeclared = False
 
     def fit(self, agent: AgentFn | None, train_tasks: Sequence[Task], val_tasks: Sequence[Task] = ()) -> TrainResult:
@@ -155,12 +166,15 @@ class Trainer:
         if not train_tasks:
             raise ValueError("fit() needs at least one training task.")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
+        public = json.loads(json.dumps(asdict(cfg), default=str))
+        if cfg.judge is not None and cfg.judge.api_key:
+            public["judge"]["api_key"] = "***"  # a key in the config never reaches the run folder or the sinks
+        (self.run_dir / "config.json").write_text(json.dumps(public, indent=2))
         metrics = MetricsLogger(
             self.run_dir,
             tensorboard=cfg.tensorboard,
             loggers=cfg.loggers,
-            config=json.loads(json.dumps(asdict(cfg), default=str)),
+            config=public,
             logger_options=cfg.logger_options,
         )
         train_tasks = [_with_id(t, f"train-{i}") for i, t in enumerate(train_tasks)]
@@ -234,6 +248,7 @@ class Trainer:
     async def _train_step(self, svc: Services, step: int, tasks: Sequence[Task]) -> dict[str, float]:
         cfg = self.config
         t0 = time.perf_counter()
+        memory = PeakMemory()  # which phase of the step the process's peak resident memory belongs to
         # 1. publish resources: the endpoint, sampling and weights version the rollouts of this step run with
         resources = await svc.store.add_resources(llm=self._llm(svc, cfg.temperature), extra=self._weights(svc))
         # 2. enqueue each task group_size times; one group id per task so GRPO compares like with like
@@ -252,30 +267,45 @@ class Trainer:
         # 3. wait for the group; stragglers are cancelled and counted, never silently scored
         finished = await self._wait(svc, [r.id for r in requests])
         t_rollouts = time.perf_counter() - t0
+        memory.phase("rollouts")
         # 4. adapt spans -> transitions (exact token ids from the gateway), trainable roles only
-        collected = await collect_samples(svc.store, finished, trainable=self.trainable, air=cfg.air)
+        # (with a judge at full weight the agent need not emit a reward: NaN until the judge scores it)
+        unrewarded = math.nan if self.judge is not None and self.judge.config.weight == 1.0 else None
+        collected = await collect_samples(
+            svc.store, finished, trainable=self.trainable, air=cfg.air, missing_reward=unrewarded
+        )
         retokenize_samples(collected.samples, svc.engine)  # issue 25: captured text-only calls -> policy token ids
+        # 4b. a judge, when configured, scores each group's rollouts against each other; a group it
+        # could not score is left out of the update and counted (lightning_rl.rewards)
+        samples, judged = collected.samples, {}
+        if self.judge is not None:
+            result = await judge_samples(self.judge, svc.store, finished, collected.samples)
+            samples, judged = result.samples, result.metrics
         # 5-6. the update rule picks what to train on: for RL, credit assignment and per-rollout
         # group advantages; for SFT, the best attempts; for DPO, preference pairs
-        batch = self.update_rule.prepare(collected.samples)
+        batch = self.update_rule.prepare(samples)
         # 7. update the policy (in a thread: the gateway and runner keep their event loop)
         update: dict[str, float] = {}
         if batch.items:
             update = await asyncio.to_thread(self.update_rule.apply, svc.backend, batch)
+        memory.phase("update")
         # 8. publish the new weights to the engine; later rollouts record the new version
         version = await svc.backend.publish()
+        memory.phase("publish")
         release_free_memory()  # the step's freed KV caches, spans and weight copies (lightning_rl.memory)
         rewards = collected.rewards
+        own = [r for r in rewards if not math.isnan(r)]  # the agent's own rewards (a judge's are train/judge_*)
         return {
             "step": float(step),
-            "train/reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
-            "train/reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            "train/reward_mean": statistics.fmean(own) if own else float("nan"),
+            "train/reward_std": statistics.pstdev(own) if len(own) > 1 else 0.0,
             "train/n_rollouts": float(len(rewards)),
             "train/failed_rollouts": float(collected.failed),
             "train/timed_out_rollouts": float(collected.timed_out),
             "train/n_transitions": float(batch.n_transitions),
             "train/n_updated_transitions": float(batch.n_updated),
             **batch.metrics,
+            **judged,
             **collected.rollout_metrics("train"),
             "train/untrainable_calls": float(collected.n_untrainable),
             "train/truncated_calls": float(collected.n_truncated),
@@ -285,6 +315,7 @@ class Trainer:
             "train/step_s": time.perf_counter() - t0,
             "model_version": float(version),
             **update,
+            **memory.metrics(),
         }
 
     async def _validate(
@@ -294,6 +325,7 @@ class Trainer:
         cfg = self.config
         temperature = cfg.val_temperature if cfg.val_temperature is not None else cfg.temperature
         resources = await svc.store.add_resources(llm=self._llm(svc, temperature), extra=self._weights(svc))
+        memory = PeakMemory()
         requests = [
             RolloutRequest(
                 id=f"{svc.run_id}-v{resources.version}-t{i}",
@@ -309,6 +341,7 @@ class Trainer:
         finished = await self._wait(svc, [r.id for r in requests])
         # AIR trains nothing here; it feeds the per-role view (val/role/<role>/air_mean)
         collected = await collect_samples(svc.store, finished, trainable=self.trainable, air=cfg.air)
+        memory.phase("validation")
         mean = statistics.fmean(collected.rewards) if collected.rewards else float("nan")
         metrics.log(
             {
@@ -320,6 +353,7 @@ class Trainer:
                     "val/tool_call_rate"
                 ],
                 **role_metrics("val", collected.role_calls, trained_name="trainable_transitions"),
+                **memory.metrics(),
             }
         )
         bar.note(f"[bold]step {step}[/] held-out reward {mean:.3f} over {len(collected.rewards)} tasks")
@@ -357,7 +391,10 @@ class Trainer:
             finished = await svc.store.query_rollouts(ids=ids, limit=max(len(ids), 1))
         # the gateway writes spans off the request path: make sure this step's spans are in the store
         await svc.flush_spans()
-        return finished
+        # in the order they were asked for, not the order they ended: the update's micro-batches,
+        # and so its float sums, must not depend on which rollout finished first
+        order = {rid: i for i, rid in enumerate(ids)}
+        return sorted(finished, key=lambda r: order.get(r.id, len(order)))
 
     def _checkpoint(self, svc: Services, step: int) -> None:
         path = svc.backend.save_checkpoint(self.run_dir / "checkpoints" / f"step_{step:05d}")

@@ -230,6 +230,9 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # an optional setting: its own error (a nested table's names the bad key)
+            return _convert(options[0], value, key)
         errors: list[str] = []
         for option in (a for a in args if a is not type(None)):
             try:

@@ -111,7 +111,8 @@ async def start_services(
 
     from lightning_rl.engine.hf import TransformersEngine
     from lightning_rl.engine.models import served_model_name
-    from lightning_rl.gateway import create_gateway_app
+    from lightning_rl.gateway import GatewayConfig, create_gateway_app
+    from lightning_rl.seeding import CallSeeds
     from lightning_rl.store import open_store
     from lightning_rl.store.sqlite import SQLiteStore
 
@@ -124,7 +125,7 @@ async def start_services(
         return TransformersEngine.from_pretrained(
             model_path,
             device=config.device,
-            max_batch_size=config.concurrency or config.engine_batch_size,
+            max_batch_size=1 if config.deterministic else config.concurrency or config.engine_batch_size,
             model_name=served_model_name(config.model),
         )
 
@@ -146,7 +147,9 @@ async def start_services(
 
         frozen_engine = load_engine()  # the starting weights again: no publish reaches this copy
         served = FrozenRolesBackend(EngineBackend(engine), EngineBackend(frozen_engine), is_frozen)
-    app = create_gateway_app(served, store=store)
+    run_id = uuid.uuid4().hex[:8]  # in rollout ids; removed again before seeds are derived from them
+    gateway_config = GatewayConfig(call_seeds=CallSeeds(config.seed, rollout_prefix=f"{run_id}-"))
+    app = create_gateway_app(served, store=store, config=gateway_config)
 
     def services(url: str) -> Services:
         return Services(
@@ -156,7 +159,7 @@ async def start_services(
             gateway=app.state.gateway,
             gateway_url=url,
             model_name=engine.model_name,
-            run_id=uuid.uuid4().hex[:8],
+            run_id=run_id,
             console=Console(),
         )
 

@@ -105,14 +105,15 @@ class StagedWarmStart:
     fast the habit formed, and how far past the targets the last chunk went."""
 
 
-def greedy_exact_match(model: Any, examples: Sequence[Example], pad_id: int) -> float:
+def greedy_exact_match(model: Any, examples: Sequence[Example], pad_id: int, shared_prefix: int = 0) -> float:
     """Fraction of (prompt, completion) pairs that greedy decoding reproduces token for token.
 
     Teacher-forced argmax over the completion equals greedy decoding whenever every position matches, so one
-    no-grad forward pass answers what a generation loop would."""
+    no-grad forward pass answers what a generation loop would. ``shared_prefix`` as in
+    ``TorchBackendConfig``: a prompt prefix of at least that many tokens common to the examples runs once."""
     import torch
 
-    from lightning_rl.backends.torch_backend import pack_micro_batches
+    from lightning_rl.backends.torch_backend import pack_micro_batches, response_logits, shared_prefix_len
 
     if not examples:
         return float("nan")
@@ -120,31 +121,34 @@ def greedy_exact_match(model: Any, examples: Sequence[Example], pad_id: int) -> 
     was_training = bool(model.training)
     model.eval()
     with torch.no_grad():
-        for mb in pack_micro_batches(examples, 16_384, pad_id):
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            for row, (p, r) in enumerate(zip(mb.prompt_lens, mb.response_lens, strict=True)):
-                predicted = logits[row, p - 1 : p - 1 + r].argmax(-1)
-                hits += bool(torch.equal(predicted, mb.input_ids[row, p : p + r]))
+        for mb in pack_micro_batches(examples, 16_384, pad_id, group_prefix=shared_prefix):
+            logits, targets = response_logits(model, mb, shared_prefix_len(mb, shared_prefix))
+            right = (logits.argmax(-1) == targets).tolist()
+            offset = 0
+            for r in mb.response_lens:
+                hits += all(right[offset : offset + r])
+                offset += r
     model.train(was_training)
     return hits / len(examples)
 
 
-def first_token_probability(model: Any, prompts: Sequence[list[int]], token_id: int) -> tuple[float, float]:
+def first_token_probability(
+    model: Any, prompts: Sequence[list[int]], token_id: int, shared_prefix: int = 0
+) -> tuple[float, float]:
     """How much the policy starts with ``token_id``: (mean probability at temperature 1, fraction of
-    prompts where it is the greedy choice)."""
+    prompts where it is the greedy choice). ``shared_prefix`` as in ``greedy_exact_match``."""
     import torch
 
-    from lightning_rl.backends.torch_backend import pack_micro_batches
+    from lightning_rl.backends.torch_backend import pack_micro_batches, response_logits, shared_prefix_len
 
     was_training = bool(model.training)
     model.eval()
     total, argmax = 0.0, 0
     with torch.no_grad():
-        for mb in pack_micro_batches([(p, [token_id]) for p in prompts], 16_384, 0):
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            for row, p in enumerate(mb.prompt_lens):
-                total += float(logits[row, p - 1].float().softmax(-1)[token_id])
-                argmax += int(logits[row, p - 1].argmax()) == token_id
+        for mb in pack_micro_batches([(p, [token_id]) for p in prompts], 16_384, 0, group_prefix=shared_prefix):
+            logits = response_logits(model, mb, shared_prefix_len(mb, shared_prefix))[0].float()
+            total += float(logits.softmax(-1)[:, token_id].sum())
+            argmax += int((logits.argmax(-1) == token_id).sum())
     model.train(was_training)
     n = max(len(prompts), 1)
     return total / n, argmax / n
@@ -227,9 +231,9 @@ def staged_warm_start(
         losses: list[float] = []
 
         def probe_skills() -> dict[str, float]:
-            skills = {name: greedy_exact_match(model, ex, pad) for name, ex in probe_ex.items()}
+            skills = {name: greedy_exact_match(model, ex, pad, cfg.shared_prefix) for name, ex in probe_ex.items()}
             if habit_ex:
-                skills["p_tool_call"] = first_token_probability(model, habit_ex, tool_token)[0]
+                skills["p_tool_call"] = first_token_probability(model, habit_ex, tool_token, cfg.shared_prefix)[0]
             return skills
 
         skills: dict[str, float] = {}
@@ -283,7 +287,7 @@ def staged_warm_start(
                 losses += habit.sft(sloppy_ex, steps=chunk, batch_size=cfg.batch_size, on_step=bar.on_step)
                 habit_done += chunk
                 if habit_done >= cfg.habit_min_steps and habit_ex:
-                    mean_p, greedy = first_token_probability(model, habit_ex, tool_token)
+                    mean_p, greedy = first_token_probability(model, habit_ex, tool_token, cfg.shared_prefix)
                     habit_curve.append((habit_done, mean_p, greedy))
                     miss = _habit_miss(cfg, mean_p, greedy)
                     if miss == 0:
