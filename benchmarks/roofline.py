@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
 import random
 import re
@@ -284,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     skip = set(filter(None, args.skip.split(",")))
+    load_start = os.getloadavg()[0]  # other jobs on the machine slow every figure: say how busy it was
     rows: list[Row] = []
     from lightning_rl.backends.torch_backend import fast_bfloat16
 
@@ -336,7 +338,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(
         f"Generated {stamp} at commit `{git_commit()}` by `{command.strip()}` ({cpu_name()}, "
-        f"Python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads)."
+        f"Python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)."
     )
     print()
     print("| what | dtype | tokens/s | GFLOP/s | bound GFLOP/s | of bound | peak RSS | what ran |")

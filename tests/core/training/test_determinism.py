@@ -19,7 +19,8 @@ from lightning_rl.seeding import CallSeeds, derive_seed
 from lightning_rl.trainer import Trainer, TrainerConfig
 from lightning_rl.types import Task
 
-_TIMING = re.compile(r"(_s$|per_s$|_seconds$)")
+_TIMING = re.compile(r"(_s$|per_s$|_seconds$|^mem/)")
+"""Keys that measure the machine, not the run: wall-clock figures and peak memory."""
 
 
 async def two_turn_agent(task: dict[str, Any], llm: LLM) -> float:
@@ -38,7 +39,7 @@ async def two_turn_agent(task: dict[str, Any], llm: LLM) -> float:
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """Every metrics.jsonl row without its timings (wall-clock figures differ between any two runs)."""
+    """Every metrics.jsonl row without its timings and memory peaks (they differ between any two runs)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [{k: v for k, v in row.items() if not _TIMING.search(k) and k != "time"} for row in rows]
 

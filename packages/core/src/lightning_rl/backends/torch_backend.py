@@ -104,8 +104,7 @@ class TorchBackendConfig:
     mini_batches: int = 1
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
     micro_batch_tokens: int = 16_384
-    """Tokens per forward pass, padding included; bounds memory. With ``shared_prefix`` a prefix that
-    the rows share counts once (``pack_micro_batches``)."""
+    """Padded tokens per forward pass; bounds memory."""
     temperature: float = 1.0
     """Sampling temperature of the engine; logprobs are computed under the same distribution."""
     top_p: float = 1.0
@@ -199,22 +198,26 @@ def pack_micro_batches(
     gets a micro-batch of its own (never truncated). ``group_prefix > 0`` keeps prompts that differ in
     their first ``group_prefix`` tokens in different micro-batches: a batch that mixes two agents'
     requests (a planner's and an answerer's system prompt) then still has one shared prefix per
-    micro-batch for ``TorchBackendConfig.shared_prefix`` to run once. The budget then counts what a
-    forward pass computes: the prefix the bucket's prompts share once, plus each row's rest. With a
-    300-token tools prompt and 50-token rests, a budget that counted every row's prefix would fit a
-    sixth as many rows and run the prefix six times as often for the same memory."""
+    micro-batch for ``TorchBackendConfig.shared_prefix`` to run once. When every prompt starts alike
+    (one agent) the packing is the same as without it.
+
+    The budget counts every row's prefix although a shared prefix runs once: counting it once would
+    fit more rows, but each row still holds the prefix's keys and values (expanded to every query
+    head for attention) through the backward pass, so memory grows with rows, not with the tokens
+    computed. Measured on the SmolLM2 demo with a 4,096-token budget (seed 0, one thread): with the
+    prefix counted once the update's phase peaked at 14.1 GB (``mem/update_peak_gb``), where the
+    whole run had peaked at 7.9 GB counting it per row (docs/models.md)."""
     buckets: dict[tuple[int, ...], list[int]] = {}
     for i, (prompt, _) in enumerate(seqs):
         buckets.setdefault(tuple(prompt[:group_prefix]) if group_prefix > 0 else (), []).append(i)
     groups: list[list[int]] = []
     for members in buckets.values():
-        common = _common_prefix([seqs[i][0] for i in members]) if group_prefix > 0 and len(members) > 1 else 0
         order = sorted(members, key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
         current: list[int] = []
         longest = 0
         for i in order:
             n = len(seqs[i][0]) + len(seqs[i][1])
-            if current and common + (max(longest, n) - common) * (len(current) + 1) > budget:
+            if current and max(longest, n) * (len(current) + 1) > budget:
                 groups.append(current)
                 current, longest = [], 0
             current.append(i)
@@ -241,18 +244,6 @@ def pack_micro_batches(
             )
         )
     return out
-
-
-def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    """Tokens every prompt starts with, leaving each at least one of its own (as ``shared_prefix_len``)."""
-    first = prompts[0]
-    length = min(len(p) for p in prompts) - 1
-    for other in prompts[1:]:
-        i = 0
-        while i < length and other[i] == first[i]:
-            i += 1
-        length = i
-    return max(length, 0)
 
 
 class TorchBackend:
