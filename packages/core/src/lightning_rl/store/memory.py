@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections.abc import Callable
+from typing import TypeVar
 
 from lightning_rl.store import _rules as rules
 from lightning_rl.store._core import AttemptChange, RolloutChange, RolloutQuery, SpanQuery, StoreCore
@@ -35,6 +36,8 @@ from lightning_rl.types import (
 )
 
 __all__ = ["MemoryStore"]
+
+A = TypeVar("A", Attempt, Attempt | None)
 
 _SPANS_PER_SLICE = 64
 """Spans serialised between two yields to the event loop: a gateway's writer hands over batches of
@@ -105,7 +108,7 @@ class MemoryStore(StoreCore):
             self._expire_locked(now())
             attempt = self._attempts[attempt_id]
             rollout = self._rollouts[attempt.rollout_id]
-            self._change(rollout, attempt, lambda: change(rollout, attempt))
+            self._change(rollout, attempt, change)
             return rollout.model_copy(deep=True), attempt.model_copy()
 
     async def _update_rollouts(self, ids: list[str], change: RolloutChange) -> list[Rollout]:
@@ -117,7 +120,7 @@ class MemoryStore(StoreCore):
             for rid in ids:
                 rollout = self._rollouts[rid]
                 running = next((self._attempts[a] for a in self._attempts_of.get(rid, []) if a in self._running), None)
-                self._change(rollout, running, lambda: change(rollout, running))
+                self._change(rollout, running, change)
                 out.append(rollout.model_copy(deep=True))
             return out
 
@@ -233,10 +236,10 @@ class MemoryStore(StoreCore):
         attempt = self._attempts.get(attempt_id)
         return "" if attempt is None else attempt.rollout_id
 
-    def _change(self, rollout: Rollout, attempt: Attempt | None, apply: Callable[[], object]) -> None:
+    def _change(self, rollout: Rollout, attempt: A, change: Callable[[Rollout, A], object]) -> None:
         """Apply a change and keep the queue and the running set in step with the statuses."""
         before = rollout.status
-        apply()
+        change(rollout, attempt)
         if attempt is not None and attempt.status is not AttemptStatus.RUNNING:
             self._running.discard(attempt.id)
         if rollout.status is not before and rollout.status is RolloutStatus.REQUEUED:
@@ -250,5 +253,5 @@ class MemoryStore(StoreCore):
         ]
         for attempt in expired:
             rollout = self._rollouts[attempt.rollout_id]
-            self._change(rollout, attempt, lambda: rules.expire(rollout, attempt, t, now()))
+            self._change(rollout, attempt, lambda r, a: rules.expire(r, a, t, now()))
         return len(expired)
