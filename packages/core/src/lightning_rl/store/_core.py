@@ -82,11 +82,13 @@ class SpanQuery:
 
 
 class StoreCore(ABC):
-    """``LightningStore`` written once; subclasses implement the storage primitives (``_``-prefixed,
-    abstract). Every primitive runs atomically (under the backend's lock or in one transaction), and
-    every one that reads rollouts or attempts first times out overdue attempts (``rules.expire``), as
-    the protocol promises. Primitives get checked arguments and may return shared models: the public
-    methods copy where one model could be returned twice."""
+    """``LightningStore`` written once (its methods are documented there); subclasses implement the
+    storage primitives (``_``-prefixed, abstract). Every primitive runs atomically (under the
+    backend's lock or in one transaction), and every one that reads rollouts or attempts (claim,
+    update, select, count) first times out overdue attempts (``rules.expire``), as the protocol
+    promises. Primitives get checked arguments and may return shared models: the public methods
+    copy where one model could be returned twice. ``wait_for_rollouts`` wakes at once when
+    ``_rollouts_ended`` is called and otherwise re-reads every ``_poll_s``."""
 
     _poll_s: float = 0.05
     """How often ``wait_for_rollouts`` re-reads for changes made by other processes."""
@@ -173,23 +175,16 @@ class StoreCore(ABC):
 
     # --- rollouts ---------------------------------------------------------------------------
     async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        """Queue rollouts. Idempotent on ``request.id``: re-sending an id returns the stored rollout;
-        re-sending it with a different task raises ``ConflictError``."""
         check_batch("enqueue", len(requests))
         if not requests:
             return []
         return rules.unshared(await self._insert_rollouts([rules.normalised(r) for r in requests]))
 
     async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
-        """Atomically take up to ``n`` queued rollouts (oldest first) and open an attempt on each.
-
-        ``timeout_s`` is the worker's own limit (``lightning-rl runner --timeout``): it becomes the
-        attempt's timeout where the rollout's config sets none."""
         rules.check_claim_args(worker_id, n, timeout_s)
         return await self._claim(worker_id, n, timeout_s)
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
-        """Keep a running attempt alive; raises ``IllegalTransitionError`` if it already ended."""
         _, attempt = await self._update_attempt(attempt_id, lambda r, a: rules.beat(r, a, now()))
         return attempt
 
@@ -201,7 +196,6 @@ class StoreCore(ABC):
         error: str | None = None,
         reward: float | None = None,
     ) -> Rollout:
-        """End an attempt (succeeded, failed or timed_out) and move its rollout on accordingly."""
         rules.check_finish(status, reward)
 
         def change(r: Rollout, a: Attempt) -> None:
@@ -211,7 +205,6 @@ class StoreCore(ABC):
         return rollout
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        """Cancel rollouts that have not ended; ended ones are returned unchanged."""
         check_batch("cancel", len(rollout_ids))
         if not rollout_ids:
             return []
@@ -219,7 +212,6 @@ class StoreCore(ABC):
         return rules.unshared(await self._update_rollouts(list(rollout_ids), lambda r, a: rules.cancel(r, a, t)))
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        """One rollout; ``NotFoundError`` if it does not exist."""
         found = await self._select_rollouts(RolloutQuery(ids=(rollout_id,), limit=1))
         if not found:
             raise rules.rollout_not_found(rollout_id)
@@ -235,7 +227,6 @@ class StoreCore(ABC):
         limit: int = 1000,
         offset: int = 0,
     ) -> list[Rollout]:
-        """Rollouts matching every given filter, in enqueue order."""
         check_page(limit, offset)
         query = RolloutQuery(
             ids=None if ids is None else tuple(dict.fromkeys(ids)),
@@ -250,10 +241,6 @@ class StoreCore(ABC):
         return await self._select_rollouts(query)
 
     async def wait_for_rollouts(self, ids: Sequence[str], timeout_s: float) -> list[Rollout]:
-        """Block until every rollout in ``ids`` has ended or ``timeout_s`` passed; return the ended ones.
-
-        Wakes at once on changes made through this store, and re-reads every ``poll_s`` for changes
-        made by other processes and for deadlines passing."""
         wanted = list(ids)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_s, 0.0)
@@ -286,14 +273,12 @@ class StoreCore(ABC):
 
     # --- attempts ---------------------------------------------------------------------------
     async def get_attempt(self, attempt_id: str) -> Attempt:
-        """One attempt; ``NotFoundError`` if it does not exist."""
         attempt = await self._get_attempt(attempt_id)
         if attempt is None:
             raise rules.attempt_not_found(attempt_id)
         return attempt
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
-        """Attempts of a rollout, first attempt first."""
         attempts = await self._select_attempts(rollout_id)
         if attempts is None:
             raise rules.rollout_not_found(rollout_id)
@@ -301,7 +286,6 @@ class StoreCore(ABC):
 
     # --- spans ------------------------------------------------------------------------------
     async def add_spans(self, spans: Sequence[Span]) -> int:
-        """Store spans; idempotent on ``(trace_id, span_id)``. Returns how many were new."""
         check_batch("add_spans", len(spans))
         if not spans:
             return 0
@@ -316,7 +300,6 @@ class StoreCore(ABC):
         limit: int = 10_000,
         offset: int = 0,
     ) -> list[Span]:
-        """Spans in arrival order (``seq``) within each attempt."""
         check_page(limit, offset)
         return await self._select_spans(SpanQuery(rollout_id, attempt_id, name, limit, offset))
 
@@ -328,7 +311,6 @@ class StoreCore(ABC):
         prompts: dict[str, str] | None = None,
         extra: dict[str, object] | None = None,
     ) -> Resources:
-        """Publish a new immutable resources version (1, 2, ...)."""
 
         def make(version: int) -> Resources:
             return Resources(version=version, llm=llm, prompts=prompts or {}, extra=extra or {})
@@ -336,7 +318,6 @@ class StoreCore(ABC):
         return await self._insert_resources(make)
 
     async def get_resources(self, version: int | None = None) -> Resources:
-        """A given version, or the latest when ``version`` is None. ``NotFoundError`` if none."""
         found, latest = await self._select_resources(version)
         if found is None:
             raise rules.resources_not_found(version, latest)
@@ -344,13 +325,10 @@ class StoreCore(ABC):
 
     # --- housekeeping -----------------------------------------------------------------------
     async def expire(self, now: float | None = None) -> int:
-        """Time out attempts past their deadline (timeout or missed heartbeat); returns how many."""
         return await self._expire(time.time() if now is None else now)
 
     async def prune(self, older_than: float) -> int:
-        """Delete ended rollouts (with attempts and spans) that ended before ``older_than``."""
         return await self._delete_ended(older_than)
 
     async def stats(self) -> StoreStats:
-        """Counts of rollouts and attempts by status, of spans and of resources versions."""
         return await self._count()

@@ -115,6 +115,10 @@ class Dialect:
     """An index hint for the expiry query."""
     lock_resources: str | None = None
     """A statement that serialises resources publishers, if the transaction does not already."""
+    serial: str = "BIGSERIAL PRIMARY KEY"
+    """The type of an auto-incremented primary key."""
+    json_type: str = "JSON"
+    """The type of a JSON column."""
 
 
 SQLITE = Dialect(
@@ -124,6 +128,8 @@ SQLITE = Dialect(
     json_mark="?",
     waiting_index=" INDEXED BY rollouts_waiting",
     expiry_index=" INDEXED BY attempts_expiry",
+    serial="INTEGER PRIMARY KEY AUTOINCREMENT",  # AUTOINCREMENT: a pruned rollout's seq is never reused
+    json_type="TEXT",
 )
 POSTGRES = Dialect(
     mark="%s",
@@ -137,11 +143,43 @@ POSTGRES = Dialect(
 )
 
 
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    seq {serial}, id TEXT NOT NULL UNIQUE, task {json} NOT NULL, group_id TEXT, mode TEXT NOT NULL,
+    resources_version INTEGER, config {json} NOT NULL, metadata {json} NOT NULL, status TEXT NOT NULL,
+    attempt_count INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL,
+    ended_at DOUBLE PRECISION, final_reward DOUBLE PRECISION, error TEXT
+);
+CREATE INDEX IF NOT EXISTS rollouts_waiting ON rollouts (seq) WHERE status IN {waiting};
+CREATE INDEX IF NOT EXISTS rollouts_group ON rollouts (group_id, seq);
+CREATE INDEX IF NOT EXISTS rollouts_ended ON rollouts (ended_at) WHERE ended_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS attempts (
+    seq {serial}, id TEXT NOT NULL UNIQUE, rollout_id TEXT NOT NULL, number INTEGER NOT NULL,
+    worker_id TEXT NOT NULL, status TEXT NOT NULL, started_at DOUBLE PRECISION NOT NULL,
+    heartbeat_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION, deadline DOUBLE PRECISION, error TEXT,
+    reward DOUBLE PRECISION, span_count INTEGER NOT NULL DEFAULT 0, timeout_s DOUBLE PRECISION, gateway_key TEXT
+);
+CREATE INDEX IF NOT EXISTS attempts_rollout ON attempts (rollout_id, number);
+CREATE INDEX IF NOT EXISTS attempts_expiry ON attempts (deadline) WHERE status = 'running';
+CREATE TABLE IF NOT EXISTS spans (
+    trace_id TEXT NOT NULL, span_id TEXT NOT NULL, rollout_id TEXT NOT NULL, attempt_id TEXT NOT NULL,
+    attempt_seq BIGINT NOT NULL, seq BIGINT NOT NULL, name TEXT NOT NULL, data {json} NOT NULL,
+    PRIMARY KEY (trace_id, span_id)
+);
+CREATE INDEX IF NOT EXISTS spans_rollout ON spans (rollout_id, attempt_seq, seq);
+CREATE INDEX IF NOT EXISTS spans_attempt ON spans (attempt_id, seq);
+CREATE TABLE IF NOT EXISTS resources (version INTEGER PRIMARY KEY, data {json} NOT NULL);
+"""
+"""The tables; ``ROLLOUT_COLUMNS`` and friends name their columns. Older files and schemas lack
+``timeout_s`` and ``gateway_key``: each backend adds them when it opens one (additive only)."""
+
+
 class Statements:
     """Every statement of the SQL store in one dialect, built once."""
 
     def __init__(self, d: Dialect) -> None:
         self.d = d
+        self.schema = _SCHEMA.format(serial=d.serial, json=d.json_type, waiting=WAITING_SQL)
         r_cols, a_cols = ", ".join(ROLLOUT_COLUMNS), ", ".join(ATTEMPT_COLUMNS)
         r_in_id = self.in_("id")
         self.rollouts = f"SELECT {r_cols} FROM rollouts"
@@ -570,4 +608,3 @@ class SqlStore(StoreCore):
 
     async def _count(self) -> StoreStats:
         return await self._run(lambda: count_op(self._s), expire=True)
-

@@ -27,20 +27,7 @@ from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any, Final, LiteralString, TypeVar, cast
 
 from lightning_rl.errors import InvalidRequestError, StoreUnavailableError
-from lightning_rl.store._sql import (
-    ENDED,
-    POSTGRES,
-    WAITING_SQL,
-    Inserted,
-    Many,
-    Op,
-    Request,
-    Rows,
-    Run,
-    SqlStore,
-    Statements,
-    expire_op,
-)
+from lightning_rl.store import _sql as sq
 from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, now
 
 try:
@@ -60,7 +47,7 @@ SCHEMA_VERSION: Final = 1
 _RETRIES: Final = 8
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, pg_errors.LockNotAvailable)
 _LOCK_KEY: Final = 0x4C6967687452  # advisory lock serialising table creation ("LightR")
-_STATEMENTS: Final = Statements(POSTGRES)
+_STATEMENTS: Final = sq.Statements(sq.POSTGRES)
 _INSERT_SPANS: Final = (
     "INSERT INTO spans (trace_id, span_id, rollout_id, attempt_id, attempt_seq, seq, name, data)"
     " SELECT t, s, r, a, aseq, seq, n, d::json FROM unnest("
@@ -75,60 +62,9 @@ def _trusted(text: str) -> LiteralString:
     return cast(LiteralString, text)
 
 
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS lightning_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rollouts (
-    seq BIGSERIAL PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    task JSON NOT NULL,
-    group_id TEXT,
-    mode TEXT NOT NULL,
-    resources_version INTEGER,
-    config JSON NOT NULL,
-    metadata JSON NOT NULL,
-    status TEXT NOT NULL,
-    attempt_count INTEGER NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL,
-    ended_at DOUBLE PRECISION,
-    final_reward DOUBLE PRECISION,
-    error TEXT
-);
-CREATE INDEX IF NOT EXISTS rollouts_waiting ON rollouts (seq) WHERE status IN {WAITING_SQL};
-CREATE INDEX IF NOT EXISTS rollouts_group ON rollouts (group_id, seq);
-CREATE INDEX IF NOT EXISTS rollouts_ended ON rollouts (ended_at) WHERE ended_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS attempts (
-    seq BIGSERIAL PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    rollout_id TEXT NOT NULL,
-    number INTEGER NOT NULL,
-    worker_id TEXT NOT NULL,
-    status TEXT NOT NULL,
-    started_at DOUBLE PRECISION NOT NULL,
-    heartbeat_at DOUBLE PRECISION NOT NULL,
-    ended_at DOUBLE PRECISION,
-    deadline DOUBLE PRECISION,
-    error TEXT,
-    reward DOUBLE PRECISION,
-    span_count INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS attempts_rollout ON attempts (rollout_id, number);
-CREATE INDEX IF NOT EXISTS attempts_expiry ON attempts (deadline) WHERE status = 'running';
-CREATE TABLE IF NOT EXISTS spans (
-    trace_id TEXT NOT NULL,
-    span_id TEXT NOT NULL,
-    rollout_id TEXT NOT NULL,
-    attempt_id TEXT NOT NULL,
-    attempt_seq BIGINT NOT NULL,
-    seq BIGINT NOT NULL,
-    name TEXT NOT NULL,
-    data JSON NOT NULL,
-    PRIMARY KEY (trace_id, span_id)
-);
-CREATE INDEX IF NOT EXISTS spans_rollout ON spans (rollout_id, attempt_seq, seq);
-CREATE INDEX IF NOT EXISTS spans_attempt ON spans (attempt_id, seq);
-CREATE TABLE IF NOT EXISTS resources (version INTEGER PRIMARY KEY, data JSON NOT NULL);
-"""
+_SCHEMA: Final = _trusted(
+    "CREATE TABLE IF NOT EXISTS lightning_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);" + _STATEMENTS.schema
+)
 
 _UPGRADE = _trusted(f"""
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS timeout_s DOUBLE PRECISION;
@@ -140,7 +76,7 @@ UPDATE attempts SET deadline = heartbeat_at + {DEFAULT_HEARTBEAT_TIMEOUT_S!r}
 attempt's ``timeout_s`` column, and a deadline for running attempts that had none."""
 
 
-class PostgresStore(SqlStore):
+class PostgresStore(sq.SqlStore):
     """A store in a PostgreSQL database (see the module docstring). Create it with ``await PostgresStore.open(dsn)``."""
 
     def __init__(self, dsn: str, schema: str | None, pool_size: int, poll_s: float) -> None:
@@ -176,7 +112,7 @@ class PostgresStore(SqlStore):
             row = await (await conn.execute("SELECT to_regclass('lightning_meta') IS NOT NULL")).fetchone()
             if not (row and row[0]):  # first open of this schema: create it (once, even with many openers)
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-                await conn.execute(_trusted(_SCHEMA))  # several statements, no parameters: one round trip
+                await conn.execute(_SCHEMA)  # several statements, no parameters: one round trip
             await store._check_version(conn)
             columns = await conn.execute(
                 "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
@@ -224,7 +160,7 @@ class PostgresStore(SqlStore):
             await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self._schema)))
         return conn
 
-    async def _run(self, op: Callable[[], Op[T]], *, write: bool = True, expire: bool = False) -> T:
+    async def _run(self, op: Callable[[], sq.Op[T]], *, write: bool = True, expire: bool = False) -> T:
         """Run ``op`` in a transaction, after expiring overdue attempts when asked (one indexed query
         when none are due), with the driver's errors turned into the store's."""
         try:
@@ -232,7 +168,7 @@ class PostgresStore(SqlStore):
                 if expire:
                     t = now()
                     if await (await conn.execute(_trusted(self._s.due), (t,))).fetchone():
-                        await self._transact(conn, lambda: expire_op(self._s, t))
+                        await self._transact(conn, lambda: sq.expire_op(self._s, t))
                 return await self._transact(conn, op)
         except psycopg.DataError as exc:
             raise InvalidRequestError(
@@ -243,7 +179,7 @@ class PostgresStore(SqlStore):
                 f"PostgreSQL store failed: {exc}; the operation was not applied, retry it later."
             ) from exc
 
-    async def _transact(self, conn: Conn, op: Callable[[], Op[T]]) -> T:
+    async def _transact(self, conn: Conn, op: Callable[[], sq.Op[T]]) -> T:
         """One transaction, started over (with a fresh ``op()``) on a deadlock or serialization failure."""
         for attempt in range(_RETRIES):
             ended: list[bool] = []
@@ -260,8 +196,8 @@ class PostgresStore(SqlStore):
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _insert_span_rows(self, rows: list[tuple[Any, ...]]) -> Request:
-        return Run(_INSERT_SPANS, [list(column) for column in zip(*rows, strict=True)], binary=True)
+    def _insert_span_rows(self, rows: list[tuple[Any, ...]]) -> sq.Request:
+        return sq.Run(_INSERT_SPANS, [list(column) for column in zip(*rows, strict=True)], binary=True)
 
     async def _check_version(self, c: Conn) -> None:
         cur = await c.execute("SELECT value FROM lightning_meta WHERE key = 'schema_version'")
@@ -277,9 +213,8 @@ class PostgresStore(SqlStore):
             )
 
 
-
-async def _drive(c: Conn, op: Generator[Request, Any, T], ended: list[bool]) -> T:
-    """Run an operation, answering each statement it yields (``ended`` gets an item on ``ENDED``)."""
+async def _drive(c: Conn, op: Generator[sq.Request, Any, T], ended: list[bool]) -> T:
+    """Run an operation, answering each statement it yields (``ended`` gets an item on ``sq.ENDED``)."""
     answer: Any = None
     try:
         while True:
@@ -288,19 +223,19 @@ async def _drive(c: Conn, op: Generator[Request, Any, T], ended: list[bool]) -> 
         return stop.value
 
 
-async def _answer(c: Conn, request: Request, ended: list[bool]) -> Any:
-    if isinstance(request, Rows):
+async def _answer(c: Conn, request: sq.Request, ended: list[bool]) -> Any:
+    if isinstance(request, sq.Rows):
         return await (await c.execute(_trusted(request.text), request.params)).fetchall()
-    if isinstance(request, Run):
+    if isinstance(request, sq.Run):
         return (await c.execute(_trusted(request.text), request.params, binary=request.binary)).rowcount
-    if isinstance(request, Many):
+    if isinstance(request, sq.Many):
         if len(request.rows) == 1:  # a plain execute: one round trip less than a pipeline
             await c.execute(_trusted(request.text), request.rows[0])
         elif request.rows:
             async with c.cursor() as cur:
                 await cur.executemany(_trusted(request.text), request.rows)
         return None
-    if isinstance(request, Inserted):
+    if isinstance(request, sq.Inserted):
         out: list[Any] = []
         async with c.cursor() as cur:
             await cur.executemany(_trusted(request.text), request.rows, returning=True)
@@ -308,6 +243,6 @@ async def _answer(c: Conn, request: Request, ended: list[bool]) -> Any:
                 row = await result.fetchone()
                 out.append(None if row is None else row[0])
         return out
-    assert request is ENDED
+    assert request is sq.ENDED
     ended.append(True)
     return None

@@ -30,20 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from lightning_rl.errors import StoreUnavailableError
-from lightning_rl.store._sql import (
-    ENDED,
-    SQLITE,
-    WAITING_SQL,
-    Inserted,
-    Many,
-    Op,
-    Request,
-    Rows,
-    Run,
-    SqlStore,
-    Statements,
-    expire_op,
-)
+from lightning_rl.store import _sql as sq
 from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, now
 
 __all__ = ["SQLiteStore"]
@@ -53,66 +40,7 @@ T = TypeVar("T")
 SCHEMA_VERSION: Final = 1
 _MAX_GROUP: Final = 256
 """Most operations committed together in one transaction."""
-_STATEMENTS: Final = Statements(SQLITE)
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS rollouts (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    task TEXT NOT NULL,
-    group_id TEXT,
-    mode TEXT NOT NULL,
-    resources_version INTEGER,
-    config TEXT NOT NULL,
-    metadata TEXT NOT NULL,
-    status TEXT NOT NULL,
-    attempt_count INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    ended_at REAL,
-    final_reward REAL,
-    error TEXT
-);
-CREATE INDEX IF NOT EXISTS rollouts_waiting ON rollouts (seq) WHERE status IN {WAITING_SQL};
-CREATE INDEX IF NOT EXISTS rollouts_group ON rollouts (group_id, seq);
-CREATE INDEX IF NOT EXISTS rollouts_ended ON rollouts (ended_at) WHERE ended_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS attempts (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    rollout_id TEXT NOT NULL,
-    number INTEGER NOT NULL,
-    worker_id TEXT NOT NULL,
-    status TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    heartbeat_at REAL NOT NULL,
-    ended_at REAL,
-    deadline REAL,
-    error TEXT,
-    reward REAL,
-    span_count INTEGER NOT NULL DEFAULT 0,
-    timeout_s REAL,
-    gateway_key TEXT
-);
-CREATE INDEX IF NOT EXISTS attempts_rollout ON attempts (rollout_id, number);
-CREATE INDEX IF NOT EXISTS attempts_expiry ON attempts (deadline) WHERE status = 'running';
-CREATE TABLE IF NOT EXISTS spans (
-    trace_id TEXT NOT NULL,
-    span_id TEXT NOT NULL,
-    rollout_id TEXT NOT NULL,
-    attempt_id TEXT NOT NULL,
-    attempt_seq INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    name TEXT NOT NULL,
-    data TEXT NOT NULL,
-    UNIQUE (trace_id, span_id)
-);
-CREATE INDEX IF NOT EXISTS spans_rollout ON spans (rollout_id, attempt_seq, seq);
-CREATE INDEX IF NOT EXISTS spans_attempt ON spans (attempt_id, seq);
-CREATE TABLE IF NOT EXISTS resources (
-    version INTEGER PRIMARY KEY,
-    data TEXT NOT NULL
-);
-"""
+_STATEMENTS: Final = sq.Statements(sq.SQLITE)
 
 
 @dataclass
@@ -122,7 +50,7 @@ class _Job:
     future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future[Any])
 
 
-class SQLiteStore(SqlStore):
+class SQLiteStore(sq.SqlStore):
     """A durable store in one SQLite file (see the module docstring).
 
     Args:
@@ -154,18 +82,18 @@ class SQLiteStore(SqlStore):
         self._jobs.put(None)
         await asyncio.to_thread(self._thread.join)
 
-    async def _run(self, op: Callable[[], Op[T]], *, write: bool = True, expire: bool = False) -> T:
+    async def _run(self, op: Callable[[], sq.Op[T]], *, write: bool = True, expire: bool = False) -> T:
         def job(c: sqlite3.Connection) -> T:
             if expire:
-                self._drive(c, expire_op(self._s, now()))
+                self._drive(c, sq.expire_op(self._s, now()))
             return self._drive(c, op())
 
         return await self._call(job, write=write)
 
-    def _insert_span_rows(self, rows: list[tuple[Any, ...]]) -> Request:
-        return Many(self._s.insert_span, rows)
+    def _insert_span_rows(self, rows: list[tuple[Any, ...]]) -> sq.Request:
+        return sq.Many(self._s.insert_span, rows)
 
-    def _drive(self, c: sqlite3.Connection, op: Op[T]) -> T:
+    def _drive(self, c: sqlite3.Connection, op: sq.Op[T]) -> T:
         """Run an operation on the worker thread, answering each statement it yields."""
         answer: Any = None
         try:
@@ -174,16 +102,16 @@ class SQLiteStore(SqlStore):
         except StopIteration as stop:
             return stop.value
 
-    def _answer(self, c: sqlite3.Connection, request: Request) -> Any:
-        if isinstance(request, Rows):
+    def _answer(self, c: sqlite3.Connection, request: sq.Request) -> Any:
+        if isinstance(request, sq.Rows):
             return c.execute(request.text, request.params).fetchall()
-        if isinstance(request, Run):
+        if isinstance(request, sq.Run):
             return c.execute(request.text, request.params).rowcount
-        if isinstance(request, Many):
+        if isinstance(request, sq.Many):
             return c.executemany(request.text, request.rows).rowcount
-        if isinstance(request, Inserted):
+        if isinstance(request, sq.Inserted):
             return [(c.execute(request.text, row).fetchone() or (None,))[0] for row in request.rows]
-        assert request is ENDED
+        assert request is sq.ENDED
         self._ended_any = True
         return None
 
@@ -212,7 +140,7 @@ class SQLiteStore(SqlStore):
                     f"SQLite store {self._path!r} has schema version {version}, this Lightning expects "
                     f"{SCHEMA_VERSION}; use a new file or the matching Lightning version."
                 )
-            _run_script(conn, _SCHEMA)
+            _run_script(conn, _STATEMENTS.schema)
             _upgrade(conn)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
