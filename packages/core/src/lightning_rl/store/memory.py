@@ -22,18 +22,7 @@ from lightning_rl.store import _rules as rules
 from lightning_rl.store._core import AttemptChange, RolloutChange, RolloutQuery, SpanQuery, StoreCore
 from lightning_rl.store._spanjson import dump_span
 from lightning_rl.store.base import now
-from lightning_rl.types import (
-    TERMINAL_ROLLOUT,
-    Attempt,
-    AttemptStatus,
-    Claim,
-    Resources,
-    Rollout,
-    RolloutRequest,
-    RolloutStatus,
-    Span,
-    StoreStats,
-)
+from lightning_rl.types import Attempt, AttemptStatus, Claim, Resources, Rollout, RolloutRequest, Span, StoreStats
 
 __all__ = ["MemoryStore"]
 
@@ -242,9 +231,9 @@ class MemoryStore(StoreCore):
         change(rollout, attempt)
         if attempt is not None and attempt.status is not AttemptStatus.RUNNING:
             self._running.discard(attempt.id)
-        if rollout.status is not before and rollout.status is RolloutStatus.REQUEUED:
+        if rollout.status is not before and rollout.status in rules.WAITING:  # requeued: back in the queue
             heapq.heappush(self._waiting, (rollout.seq, rollout.id))
-        if rollout.status is not before and rollout.status in TERMINAL_ROLLOUT:
+        if rollout.status is not before and rollout.ended_at is not None:  # ended (only an end sets ended_at)
             self._rollouts_ended()
 
     def _expire_locked(self, t: float) -> int:
