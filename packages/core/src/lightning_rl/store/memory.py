@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from lightning_rl.store import _rules as rules
 from lightning_rl.store._core import AttemptChange, RolloutChange, RolloutQuery, SpanQuery, StoreCore
-from lightning_rl.store._spanjson import dump_span
+from lightning_rl.store._spanjson import dump_span, span_key
 from lightning_rl.store.base import now
 from lightning_rl.types import Attempt, AttemptStatus, Claim, Resources, Rollout, RolloutRequest, Span, StoreStats
 
@@ -33,11 +33,6 @@ _SPANS_PER_SLICE = 64
 hundreds of spans, and serialising one in a single go stalled every request in flight for ~10 ms.
 The lock stays held across the yields and nothing changes until the whole batch is serialised, so
 readers see a batch all or nothing, and a cancelled call changes nothing."""
-
-
-def _span_key(span: Span) -> str:
-    """``(trace_id, span_id)`` as one string (length-prefixed: no separator can be ambiguous)."""
-    return f"{len(span.trace_id)}:{span.trace_id}{span.span_id}"
 
 
 class MemoryStore(StoreCore):
@@ -150,7 +145,7 @@ class MemoryStore(StoreCore):
             for i, span in enumerate(spans):
                 if i and i % _SPANS_PER_SLICE == 0:
                     await asyncio.sleep(0)  # let the serving loop answer requests between slices
-                key = _span_key(span)
+                key = span_key(span)
                 if key in self._span_attempt or key in seen:
                     continue  # writes are idempotent on (trace_id, span_id)
                 seen.add(key)

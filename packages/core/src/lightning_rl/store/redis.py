@@ -45,7 +45,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from lightning_rl.errors import InvalidRequestError, LightningError, StoreUnavailableError
 from lightning_rl.store import _rules as rules
 from lightning_rl.store._core import AttemptChange, RolloutChange, RolloutQuery, SpanQuery, StoreCore
-from lightning_rl.store._spanjson import dump_span
+from lightning_rl.store._spanjson import dump_span, span_key
 from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, now
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
@@ -210,11 +210,6 @@ def _attempt_from(flat: Sequence[str]) -> Attempt | None:
 def _fields(data: dict[str, Any]) -> list[str]:
     """A model dump as ``HSET`` arguments: field, JSON value, field, JSON value, ..."""
     return [item for k, v in data.items() for item in (k, json.dumps(v))]
-
-
-def _span_key(span: Span) -> str:
-    """``(trace_id, span_id)`` as one string (length-prefixed: no separator can be ambiguous)."""
-    return f"{len(span.trace_id)}:{span.trace_id}{span.span_id}"
 
 
 def _split_span(span: Span) -> tuple[str, str]:
@@ -541,7 +536,7 @@ class RedisStore(StoreCore):
         args: list[str] = [self._p]
         for span in spans:
             head, tail = _split_span(span)
-            args += [_span_key(span), span.attempt_id, json.dumps(span.rollout_id), head, tail]
+            args += [span_key(span), span.attempt_id, json.dumps(span.rollout_id), head, tail]
         async with self._link() as link:
             result = int(await link.script(_ADD_SPANS, args))
         if result < 0:
@@ -626,7 +621,7 @@ class RedisStore(StoreCore):
                 )
                 attempts = [a for a in map(_attempt_from, replies[: len(aids)]) if a is not None]
                 texts = [text for chunk in replies[len(aids) :] for text in chunk]
-            span_keys = [_span_key(Span.model_validate_json(text)) for text in texts]
+            span_keys = [span_key(Span.model_validate_json(text)) for text in texts]
             doomed = [rkey, rakey, *(self._ak(a) for a in aids), *(self._sk(a) for a in aids)]
             writes: list[Command] = [("DEL", *doomed)]
             if span_keys:
