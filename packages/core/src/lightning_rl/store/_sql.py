@@ -115,6 +115,9 @@ class Dialect:
     """An index hint for the expiry query."""
     lock_resources: str | None = None
     """A statement that serialises resources publishers, if the transaction does not already."""
+    returning: str = " RETURNING seq"
+    """Appended to the rollout INSERT so it answers the new ``seq``. Empty for SQLite: RETURNING needs
+    SQLite 3.35, and its driver reads ``lastrowid`` instead (``seq`` is the rowid)."""
     serial: str = "BIGSERIAL PRIMARY KEY"
     """The type of an auto-incremented primary key."""
     json_type: str = "JSON"
@@ -128,6 +131,7 @@ SQLITE = Dialect(
     json_mark="?",
     waiting_index=" INDEXED BY rollouts_waiting",
     expiry_index=" INDEXED BY attempts_expiry",
+    returning="",
     serial="INTEGER PRIMARY KEY AUTOINCREMENT",  # AUTOINCREMENT: a pruned rollout's seq is never reused
     json_type="TEXT",
 )
@@ -190,7 +194,7 @@ class Statements:
         )
         self.insert_rollout = self.sql(
             f"INSERT INTO rollouts ({', '.join(ROLLOUT_COLUMNS[1:])}) VALUES ({self.marks(ROLLOUT_COLUMNS[1:])})"
-            " ON CONFLICT (id) DO NOTHING RETURNING seq"
+            f" ON CONFLICT (id) DO NOTHING{d.returning}"
         )
         self.update_rollout = self.sql(
             f"UPDATE rollouts SET {', '.join(c + ' = ?' for c in _ROLLOUT_MUTABLE)} WHERE id = ?"
@@ -310,8 +314,8 @@ class Many:
 
 @dataclass(frozen=True)
 class Inserted:
-    """Run an ``INSERT … RETURNING`` per parameter row; the answer is each row's first returned
-    value, or None where the insert did nothing (a conflict)."""
+    """Run a rollout ``INSERT`` per parameter row; the answer is each new row's ``seq``, or None where
+    the insert did nothing (a conflict)."""
 
     text: str
     rows: Sequence[Sequence[Any]]

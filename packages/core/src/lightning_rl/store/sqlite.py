@@ -109,8 +109,9 @@ class SQLiteStore(sq.SqlStore):
             return c.execute(request.text, request.params).rowcount
         if isinstance(request, sq.Many):
             return c.executemany(request.text, request.rows).rowcount
-        if isinstance(request, sq.Inserted):
-            return [(c.execute(request.text, row).fetchone() or (None,))[0] for row in request.rows]
+        if isinstance(request, sq.Inserted):  # seq is the rowid: no RETURNING needed (SQLite < 3.35 has none)
+            cursors = (c.execute(request.text, row) for row in request.rows)
+            return [cur.lastrowid if cur.rowcount == 1 else None for cur in cursors]
         assert request is sq.ENDED
         self._ended_any = True
         return None
