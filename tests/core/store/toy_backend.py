@@ -32,8 +32,8 @@ class ToyStore(StoreCore):
         self._seq = 0
 
     def _expire_now(self, t: float) -> int:
-        overdue = [a for a in self._attempts.values() if a.status is AttemptStatus.RUNNING and a.deadline is not None]
-        overdue = [a for a in overdue if a.deadline is not None and a.deadline <= t]
+        running = [a for a in self._attempts.values() if a.status is AttemptStatus.RUNNING]
+        overdue = [a for a in running if a.deadline is not None and a.deadline <= t]
         for attempt in overdue:
             rules.expire(self._rollouts[attempt.rollout_id], attempt, t, now())
         if overdue:
@@ -82,7 +82,9 @@ class ToyStore(StoreCore):
                     raise rules.rollout_not_found(rid)
             for rid in dict.fromkeys(ids):
                 rollout = self._rollouts[rid]
-                running = [a for a in self._attempts.values() if a.rollout_id == rid and a.status.value == "running"]
+                running = [
+                    a for a in self._attempts.values() if a.rollout_id == rid and a.status is AttemptStatus.RUNNING
+                ]
                 if change(rollout, running[-1] if running else None) and rollout.ended_at is not None:
                     self._rollouts_ended()
             return [self._rollouts[rid].model_copy(deep=True) for rid in ids]
