@@ -1,7 +1,8 @@
 """Fixtures shared by every test folder.
 
-``store`` runs a test once per store backend (memory, SQLite, PostgreSQL, and the HTTP client in
-front of a SQLite-backed server), which is how the backends are kept from drifting apart.
+``store`` runs a test once per store backend (memory, SQLite, PostgreSQL, Redis, the HTTP client in
+front of a SQLite-backed server, and the toy backend of tests/core/store/toy_backend.py, which
+implements only the storage primitives), which is how the backends are kept from drifting apart.
 ``postgres_dsn`` gives a PostgreSQL DSN: from ``LIGHTNING_TEST_POSTGRES_DSN`` when set (then it
 must work: CI sets it), otherwise the local default, skipping only when that cannot connect.
 ``redis_url`` does the same for Redis (``LIGHTNING_TEST_REDIS_URL``), and ``redis_prefix`` gives each
@@ -10,10 +11,12 @@ test its own key prefix, deleted afterwards, so tests sharing one server never s
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +34,7 @@ STORE_BACKENDS = [
     pytest.param("postgres", marks=pytest.mark.postgres),
     pytest.param("redis", marks=pytest.mark.redis),
     "http",
+    "toy",
 ]
 
 
@@ -114,6 +118,16 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
             client.delete(*keys[start : start + 1000])
 
 
+def _toy_backend() -> Any:
+    """tests/core/store/toy_backend.py (test modules are not importable by name under importlib mode)."""
+    path = Path(__file__).parent / "core" / "store" / "toy_backend.py"
+    spec = importlib.util.spec_from_file_location("lightning_tests_toy_backend", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(params=STORE_BACKENDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LightningStore]:
     """A fresh, empty store of each backend kind."""
@@ -144,6 +158,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         rs = await RedisStore.open(url, prefix=prefix)
         yield rs
         await rs.close()
+    elif kind == "toy":
+        yield _toy_backend().ToyStore()
     else:
         try:
             from lightning_rl.store.client import StoreClient

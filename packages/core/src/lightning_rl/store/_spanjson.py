@@ -17,7 +17,7 @@ import orjson
 
 from lightning_rl.types import Span
 
-__all__ = ["dump_span"]
+__all__ = ["dump_span", "span_key"]
 
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
@@ -36,3 +36,9 @@ def dump_span(span: Span, seq: int) -> str:
         return orjson.dumps(data, option=_OPTIONS).decode()
     except TypeError:  # a value orjson cannot write: pydantic's inference decides, as before
         return span.model_copy(update={"seq": seq}).model_dump_json()
+
+
+def span_key(span: Span) -> str:
+    """``(trace_id, span_id)`` as one string (length-prefixed: no separator can be ambiguous), the
+    key of the stores that keep spans in maps (memory, Redis)."""
+    return f"{len(span.trace_id)}:{span.trace_id}{span.span_id}"

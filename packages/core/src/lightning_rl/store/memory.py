@@ -15,42 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable
+from typing import TypeVar
 
-from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
-from lightning_rl.store._spanjson import dump_span
-from lightning_rl.store.base import (
-    attempt_deadline,
-    attempt_outcome,
-    attempt_timeout,
-    check_batch,
-    check_page,
-    check_reward,
-    expiry_reason,
-    same_request,
-    set_rollout_status,
-)
-from lightning_rl.store.base import now as wall_clock
-from lightning_rl.types import (
-    TERMINAL_ROLLOUT,
-    Attempt,
-    AttemptStatus,
-    Claim,
-    LLMResource,
-    Resources,
-    RetryReason,
-    Rollout,
-    RolloutConfig,
-    RolloutRequest,
-    RolloutStatus,
-    Span,
-    StoreStats,
-    check_attempt_transition,
-    check_rollout_transition,
-    new_id,
-)
+from lightning_rl.store import _rules as rules
+from lightning_rl.store._core import AttemptChange, RolloutChange, RolloutQuery, SpanQuery, StoreCore
+from lightning_rl.store._spanjson import dump_span, span_key
+from lightning_rl.store.base import now
+from lightning_rl.types import Attempt, AttemptStatus, Claim, Resources, Rollout, RolloutRequest, Span, StoreStats
 
 __all__ = ["MemoryStore"]
+
+A = TypeVar("A", Attempt, Attempt | None)
 
 _SPANS_PER_SLICE = 64
 """Spans serialised between two yields to the event loop: a gateway's writer hands over batches of
@@ -59,17 +35,14 @@ The lock stays held across the yields and nothing changes until the whole batch 
 readers see a batch all or nothing, and a cancelled call changes nothing."""
 
 
-def _span_key(span: Span) -> str:
-    """``(trace_id, span_id)`` as one string (length-prefixed: no separator can be ambiguous)."""
-    return f"{len(span.trace_id)}:{span.trace_id}{span.span_id}"
-
-
-class MemoryStore:
+class MemoryStore(StoreCore):
     """A non-durable store for tests and single-process runs."""
 
+    _poll_s = 0.5  # nothing changes behind its back: only deadlines passing need a poll
+
     def __init__(self) -> None:
+        super().__init__()
         self._lock = asyncio.Lock()
-        self._changed = asyncio.Condition(self._lock)
         self._rollouts: dict[str, Rollout] = {}
         self._attempts: dict[str, Attempt] = {}
         self._attempts_of: dict[str, list[str]] = {}
@@ -84,182 +57,87 @@ class MemoryStore:
         self._waiting: list[tuple[int, str]] = []
         self._running: set[str] = set()
 
-    # --- rollouts ---------------------------------------------------------------------------
-    async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        check_batch("enqueue", len(requests))
+    # --- primitives (each under the lock; models are copied on the way out) -----------------
+    async def _insert_rollouts(self, requests: list[RolloutRequest]) -> list[Rollout]:
         async with self._lock:
-            for req in requests:  # all-or-nothing: reject the batch before changing anything
-                stored = self._rollouts.get(req.id)
-                if stored is not None and not same_request(stored, req):
-                    raise ConflictError(
-                        f"rollout id {req.id} already exists with a different task or config; "
-                        "use a new id for a new rollout."
-                    )
-            out: list[Rollout] = []
-            for req in requests:
-                stored = self._rollouts.get(req.id)
-                if stored is None:
-                    self._seq += 1
-                    t = wall_clock()
-                    stored = Rollout(**req.model_dump(), seq=self._seq, created_at=t, updated_at=t)
-                    self._rollouts[req.id] = stored
-                    heapq.heappush(self._waiting, (stored.seq, stored.id))
-                out.append(stored.model_copy(deep=True))
-            self._changed.notify_all()
-            return out
+            found = {r.id: self._rollouts[r.id] for r in requests if r.id in self._rollouts}
+            for rollout in rules.plan_enqueue(requests, found, now()):
+                self._seq += 1
+                rollout.seq = self._seq
+                self._rollouts[rollout.id] = rollout
+                heapq.heappush(self._waiting, (rollout.seq, rollout.id))
+            return [found[r.id].model_copy(deep=True) for r in requests]
 
-    async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
-        if n < 1:
-            raise InvalidRequestError(f"claim n must be >= 1, got {n}.")
-        check_batch("claim", n)
-        if not worker_id:
-            raise InvalidRequestError("worker_id must be a non-empty string.")
-        attempt_timeout(RolloutConfig(), timeout_s)  # refuse a bad timeout before claiming anything
+    async def _claim(self, worker_id: str, n: int, timeout_s: float | None) -> list[Claim]:
         async with self._lock:
-            self._expire_locked(wall_clock())
-            waiting: list[Rollout] = []
-            while self._waiting and len(waiting) < n:
+            self._expire_locked(now())
+            claims: list[Claim] = []
+            t = now()
+            while self._waiting and len(claims) < n:
                 _, rid = heapq.heappop(self._waiting)
                 rollout = self._rollouts.get(rid)
-                if rollout is not None and rollout.status in (RolloutStatus.QUEUED, RolloutStatus.REQUEUED):
-                    waiting.append(rollout)
-            claims: list[Claim] = []
-            t = wall_clock()
-            for rollout in waiting:
-                check_rollout_transition(rollout.id, rollout.status, RolloutStatus.RUNNING)
-                rollout.status = RolloutStatus.RUNNING
-                rollout.attempt_count += 1
-                rollout.updated_at = t
-                timeout = attempt_timeout(rollout.config, timeout_s)
-                attempt = Attempt(
-                    id=new_id("at-"),
-                    rollout_id=rollout.id,
-                    number=rollout.attempt_count,
-                    worker_id=worker_id,
-                    started_at=t,
-                    heartbeat_at=t,
-                    deadline=attempt_deadline(rollout.config, t, t, timeout),
-                    timeout_s=timeout,
-                )
+                if rollout is None or rollout.status not in rules.WAITING:
+                    continue  # a stale entry: the rollout was cancelled or pruned
+                attempt = rules.open_attempt(rollout, worker_id, t, timeout_s)
                 self._attempts[attempt.id] = attempt
                 self._running.add(attempt.id)
                 self._attempts_of.setdefault(rollout.id, []).append(attempt.id)
                 claims.append(Claim(rollout=rollout.model_copy(deep=True), attempt=attempt.model_copy()))
             return claims
 
-    async def heartbeat(self, attempt_id: str) -> Attempt:
+    async def _update_attempt(self, attempt_id: str, change: AttemptChange) -> tuple[Rollout, Attempt]:
         async with self._lock:
-            attempt = self._get_attempt(attempt_id)
-            self._expire_locked(wall_clock())
-            if attempt.status is not AttemptStatus.RUNNING:
-                check_attempt_transition(attempt.id, attempt.status, AttemptStatus.RUNNING)
-            t = wall_clock()
-            attempt.heartbeat_at = t
-            config = self._rollouts[attempt.rollout_id].config
-            attempt.deadline = attempt_deadline(config, attempt.started_at, t, attempt.timeout_s)
-            return attempt.model_copy()
+            if attempt_id not in self._attempts:
+                raise rules.attempt_not_found(attempt_id)
+            self._expire_locked(now())
+            attempt = self._attempts[attempt_id]
+            rollout = self._rollouts[attempt.rollout_id]
+            self._change(rollout, attempt, change)
+            return rollout.model_copy(deep=True), attempt.model_copy()
 
-    async def finish_attempt(
-        self,
-        attempt_id: str,
-        status: AttemptStatus,
-        *,
-        error: str | None = None,
-        reward: float | None = None,
-    ) -> Rollout:
-        if status not in (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.TIMED_OUT):
-            raise InvalidRequestError(f"finish_attempt status must be succeeded, failed or timed_out, not {status}.")
-        check_reward(reward)
+    async def _update_rollouts(self, ids: list[str], change: RolloutChange) -> list[Rollout]:
         async with self._lock:
-            attempt = self._get_attempt(attempt_id)
-            self._expire_locked(wall_clock())
-            self._end_attempt(attempt, status, None, error, reward)
-            self._changed.notify_all()
-            return self._rollouts[attempt.rollout_id].model_copy(deep=True)
-
-    async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        check_batch("cancel", len(rollout_ids))
-        async with self._lock:
-            for rid in rollout_ids:  # all-or-nothing: unknown ids fail the batch before any change
-                self._get_rollout(rid)
+            for rid in ids:  # all-or-nothing: unknown ids fail the batch before any change
+                if rid not in self._rollouts:
+                    raise rules.rollout_not_found(rid)
             out: list[Rollout] = []
-            for rid in rollout_ids:
-                rollout = self._get_rollout(rid)
-                if rollout.status not in TERMINAL_ROLLOUT:
-                    running = self._running_attempt(rid)
-                    if running is not None:
-                        self._end_attempt(running, AttemptStatus.CANCELLED, None, "cancelled", None)
-                    else:
-                        set_rollout_status(rollout, RolloutStatus.CANCELLED, "cancelled", wall_clock())
+            for rid in ids:
+                rollout = self._rollouts[rid]
+                running = next((self._attempts[a] for a in self._attempts_of.get(rid, []) if a in self._running), None)
+                self._change(rollout, running, change)
                 out.append(rollout.model_copy(deep=True))
-            self._changed.notify_all()
             return out
 
-    async def get_rollout(self, rollout_id: str) -> Rollout:
+    async def _expire(self, t: float) -> int:
         async with self._lock:
-            self._expire_locked(wall_clock())
-            return self._get_rollout(rollout_id).model_copy(deep=True)
+            return self._expire_locked(t)
 
-    async def query_rollouts(
-        self,
-        *,
-        ids: Sequence[str] | None = None,
-        status: Sequence[RolloutStatus] | None = None,
-        group_id: str | None = None,
-        mode: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> list[Rollout]:
-        check_page(limit, offset)
+    async def _select_rollouts(self, query: RolloutQuery) -> list[Rollout]:
         async with self._lock:
-            self._expire_locked(wall_clock())
-            idset = set(ids) if ids is not None else None
-            stset = set(status) if status is not None else None
-            rows = [
-                r
-                for r in sorted(self._rollouts.values(), key=lambda r: r.seq)
-                if (idset is None or r.id in idset)
-                and (stset is None or r.status in stset)
-                and (group_id is None or r.group_id == group_id)
-                and (mode is None or r.mode == mode)
-            ]
-            return [r.model_copy(deep=True) for r in rows[offset : offset + limit]]
+            self._expire_locked(now())
+            if query.ids is not None:
+                candidates = [self._rollouts[i] for i in query.ids if i in self._rollouts]
+            else:
+                candidates = list(self._rollouts.values())
+            rows = [r for r in sorted(candidates, key=lambda r: r.seq) if query.matches(r)]
+            return [r.model_copy(deep=True) for r in rows[query.offset : query.offset + query.limit]]
 
-    async def wait_for_rollouts(self, ids: Sequence[str], timeout_s: float) -> list[Rollout]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(timeout_s, 0.0)
+    async def _get_attempt(self, attempt_id: str) -> Attempt | None:
         async with self._lock:
-            while True:
-                self._expire_locked(wall_clock())
-                known = (self._rollouts[i] for i in ids if i in self._rollouts)
-                ended = [r for r in known if r.status in TERMINAL_ROLLOUT]
-                remaining = deadline - loop.time()
-                if len(ended) == len(ids) or remaining <= 0:
-                    return [r.model_copy(deep=True) for r in ended]
-                # Wake at least every 0.5 s so store-enforced timeouts are noticed without traffic.
-                try:
-                    await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.5))
-                except TimeoutError:
-                    pass
+            self._expire_locked(now())
+            attempt = self._attempts.get(attempt_id)
+            return None if attempt is None else attempt.model_copy()
 
-    # --- attempts ---------------------------------------------------------------------------
-    async def get_attempt(self, attempt_id: str) -> Attempt:
+    async def _select_attempts(self, rollout_id: str) -> list[Attempt] | None:
         async with self._lock:
-            self._expire_locked(wall_clock())
-            return self._get_attempt(attempt_id).model_copy()
-
-    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
-        async with self._lock:
-            self._expire_locked(wall_clock())
-            self._get_rollout(rollout_id)
+            self._expire_locked(now())
+            if rollout_id not in self._rollouts:
+                return None
             return [self._attempts[a].model_copy() for a in self._attempts_of.get(rollout_id, [])]
 
-    # --- spans ------------------------------------------------------------------------------
-    async def add_spans(self, spans: Sequence[Span]) -> int:
-        check_batch("add_spans", len(spans))
+    async def _insert_spans(self, spans: list[Span]) -> int:
         async with self._lock:
-            for span in spans:
-                self._check_span_target(span)
+            rules.check_span_targets(spans, {s.attempt_id: self._rollout_of(s.attempt_id) for s in spans})
             # Serialise first (yielding between slices), then change state in one synchronous step:
             # a caller cancelled mid-batch leaves the store exactly as it was.
             rows: dict[str, dict[str, str]] = {}  # attempt id -> {key: JSON} of this batch
@@ -267,7 +145,7 @@ class MemoryStore:
             for i, span in enumerate(spans):
                 if i and i % _SPANS_PER_SLICE == 0:
                     await asyncio.sleep(0)  # let the serving loop answer requests between slices
-                key = _span_key(span)
+                key = span_key(span)
                 if key in self._span_attempt or key in seen:
                     continue  # writes are idempotent on (trace_id, span_id)
                 seen.add(key)
@@ -279,68 +157,37 @@ class MemoryStore:
                 self._span_attempt.update(dict.fromkeys(new, aid))
             return sum(len(new) for new in rows.values())
 
-    async def query_spans(
-        self,
-        *,
-        rollout_id: str | None = None,
-        attempt_id: str | None = None,
-        name: str | None = None,
-        limit: int = 10_000,
-        offset: int = 0,
-    ) -> list[Span]:
-        check_page(limit, offset)
+    async def _select_spans(self, query: SpanQuery) -> list[Span]:
         async with self._lock:
-            if attempt_id is not None:
-                inside = rollout_id is None or attempt_id in self._attempts_of.get(rollout_id, [])
-                attempts = [attempt_id] if inside else []
-            elif rollout_id is not None:
-                attempts = self._attempts_of.get(rollout_id, [])
+            if query.attempt_id is not None:
+                inside = query.rollout_id is None or query.attempt_id in self._attempts_of.get(query.rollout_id, [])
+                attempts = [query.attempt_id] if inside else []
+            elif query.rollout_id is not None:
+                attempts = self._attempts_of.get(query.rollout_id, [])
             else:
                 attempts = list(self._attempts)  # creation order, as the SQL stores order them
             texts = [text for aid in attempts for text in self._spans.get(aid, {}).values()]
-            if name is None:
-                return [Span.model_validate_json(text) for text in texts[offset : offset + limit]]
-            named = [span for span in map(Span.model_validate_json, texts) if span.name == name]
-            return named[offset : offset + limit]
+            page = slice(query.offset, query.offset + query.limit)
+            if query.name is None:
+                return [Span.model_validate_json(text) for text in texts[page]]
+            return [span for span in map(Span.model_validate_json, texts) if span.name == query.name][page]
 
-    # --- resources --------------------------------------------------------------------------
-    async def add_resources(
-        self,
-        *,
-        llm: LLMResource | None = None,
-        prompts: dict[str, str] | None = None,
-        extra: dict[str, object] | None = None,
-    ) -> Resources:
+    async def _insert_resources(self, make: Callable[[int], Resources]) -> Resources:
         async with self._lock:
-            res = Resources(version=len(self._resources) + 1, llm=llm, prompts=prompts or {}, extra=extra or {})
+            res = make(len(self._resources) + 1)
             self._resources.append(res)
             return res.model_copy(deep=True)
 
-    async def get_resources(self, version: int | None = None) -> Resources:
+    async def _select_resources(self, version: int | None) -> tuple[Resources | None, int]:
         async with self._lock:
-            if not self._resources:
-                raise NotFoundError("no resources published yet; call add_resources first.")
-            if version is None:
-                return self._resources[-1].model_copy(deep=True)
-            if not 1 <= version <= len(self._resources):
-                raise NotFoundError(f"resources version {version} does not exist (latest is {len(self._resources)}).")
-            return self._resources[version - 1].model_copy(deep=True)
+            latest = len(self._resources)
+            index = latest if version is None else version
+            found = self._resources[index - 1].model_copy(deep=True) if 1 <= index <= latest else None
+            return found, latest
 
-    # --- housekeeping -----------------------------------------------------------------------
-    async def expire(self, now: float | None = None) -> int:
+    async def _delete_ended(self, older_than: float) -> int:
         async with self._lock:
-            n = self._expire_locked(now if now is not None else wall_clock())
-            if n:
-                self._changed.notify_all()
-            return n
-
-    async def prune(self, older_than: float) -> int:
-        async with self._lock:
-            doomed = [
-                r.id
-                for r in self._rollouts.values()
-                if r.status in TERMINAL_ROLLOUT and r.ended_at is not None and r.ended_at < older_than
-            ]
+            doomed = [r.id for r in self._rollouts.values() if r.ended_at is not None and r.ended_at < older_than]
             for rid in doomed:
                 del self._rollouts[rid]
                 for aid in self._attempts_of.pop(rid, []):
@@ -349,9 +196,9 @@ class MemoryStore:
                         del self._span_attempt[key]
             return len(doomed)
 
-    async def stats(self) -> StoreStats:
+    async def _count(self) -> StoreStats:
         async with self._lock:
-            self._expire_locked(wall_clock())
+            self._expire_locked(now())
             rs: dict[str, int] = {}
             for r in self._rollouts.values():
                 rs[r.status.value] = rs.get(r.status.value, 0) + 1
@@ -369,60 +216,26 @@ class MemoryStore:
         return None
 
     # --- internals (lock held) --------------------------------------------------------------
-    def _get_rollout(self, rollout_id: str) -> Rollout:
-        try:
-            return self._rollouts[rollout_id]
-        except KeyError:
-            raise NotFoundError(f"rollout {rollout_id} does not exist.") from None
+    def _rollout_of(self, attempt_id: str) -> str:
+        attempt = self._attempts.get(attempt_id)
+        return "" if attempt is None else attempt.rollout_id
 
-    def _get_attempt(self, attempt_id: str) -> Attempt:
-        try:
-            return self._attempts[attempt_id]
-        except KeyError:
-            raise NotFoundError(f"attempt {attempt_id} does not exist.") from None
-
-    def _running_attempt(self, rollout_id: str) -> Attempt | None:
-        for aid in reversed(self._attempts_of.get(rollout_id, [])):
-            if aid in self._running:
-                return self._attempts[aid]
-        return None
-
-    def _check_span_target(self, span: Span) -> None:
-        attempt = self._attempts.get(span.attempt_id)
-        if attempt is None or attempt.rollout_id != span.rollout_id:
-            raise NotFoundError(
-                f"span {span.span_id} names attempt {span.attempt_id} of rollout {span.rollout_id}, "
-                "which does not exist; spans must belong to a claimed attempt."
-            )
-
-    def _end_attempt(
-        self,
-        attempt: Attempt,
-        status: AttemptStatus,
-        reason: RetryReason | None,
-        error: str | None,
-        reward: float | None,
-    ) -> None:
-        check_attempt_transition(attempt.id, attempt.status, status)
-        rollout = self._rollouts[attempt.rollout_id]
-        outcome = attempt_outcome(rollout, status, reason, error)
-        set_rollout_status(rollout, outcome.rollout_status, outcome.error, wall_clock())
-        self._running.discard(attempt.id)
-        if outcome.rollout_status is RolloutStatus.REQUEUED:
+    def _change(self, rollout: Rollout, attempt: A, change: Callable[[Rollout, A], object]) -> None:
+        """Apply a change and keep the queue and the running set in step with the statuses."""
+        before = rollout.status
+        change(rollout, attempt)
+        if attempt is not None and attempt.status is not AttemptStatus.RUNNING:
+            self._running.discard(attempt.id)
+        if rollout.status is not before and rollout.status in rules.WAITING:  # requeued: back in the queue
             heapq.heappush(self._waiting, (rollout.seq, rollout.id))
-        attempt.status = status
-        attempt.ended_at = wall_clock()
-        attempt.error = error
-        attempt.reward = reward
-        attempt.deadline = None
-        if status is AttemptStatus.SUCCEEDED:
-            rollout.final_reward = reward
+        if rollout.status is not before and rollout.ended_at is not None:  # ended (only an end sets ended_at)
+            self._rollouts_ended()
 
     def _expire_locked(self, t: float) -> int:
         expired = [
             a for a in (self._attempts[aid] for aid in self._running) if a.deadline is not None and a.deadline <= t
         ]
         for attempt in expired:
-            reason, message = expiry_reason(self._rollouts[attempt.rollout_id].config, attempt, t)
-            self._end_attempt(attempt, AttemptStatus.TIMED_OUT, reason, message, None)
+            rollout = self._rollouts[attempt.rollout_id]
+            self._change(rollout, attempt, lambda r, a: rules.expire(r, a, t, now()))
         return len(expired)

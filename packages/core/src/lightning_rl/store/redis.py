@@ -38,36 +38,26 @@ import contextlib
 import hashlib
 import json
 import logging
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from lightning_rl.errors import InvalidRequestError, LightningError, StoreUnavailableError
-from lightning_rl.store import _sql as q
-from lightning_rl.store._spanjson import dump_span
-from lightning_rl.store.base import (
-    DEFAULT_HEARTBEAT_TIMEOUT_S,
-    attempt_deadline,
-    check_batch,
-    check_page,
-    expiry_reason,
-    now,
-)
+from lightning_rl.store import _rules as rules
+from lightning_rl.store._core import AttemptChange, RolloutChange, RolloutQuery, SpanQuery, StoreCore
+from lightning_rl.store._spanjson import dump_span, span_key
+from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, now
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
     Attempt,
     AttemptStatus,
     Claim,
-    LLMResource,
     Resources,
     Rollout,
-    RolloutConfig,
     RolloutRequest,
     RolloutStatus,
     Span,
     StoreStats,
-    check_attempt_transition,
     new_gateway_key,
     new_id,
 )
@@ -222,11 +212,6 @@ def _fields(data: dict[str, Any]) -> list[str]:
     return [item for k, v in data.items() for item in (k, json.dumps(v))]
 
 
-def _span_key(span: Span) -> str:
-    """``(trace_id, span_id)`` as one string (length-prefixed: no separator can be ambiguous)."""
-    return f"{len(span.trace_id)}:{span.trace_id}{span.span_id}"
-
-
 def _split_span(span: Span) -> tuple[str, str]:
     text = dump_span(span, _SEQ_MARK)
     head, mark, tail = text.rpartition(f'"seq":{_SEQ_MARK}')
@@ -295,17 +280,17 @@ Body = Callable[[_Link], Awaitable[tuple[T, list[Command], bool]]]
 """A transaction: WATCHes and reads on the link, returns (result, writes, whether they end a rollout)."""
 
 
-class RedisStore:
+class RedisStore(StoreCore):
     """A store on a Redis server (see the module docstring). Create it with ``await RedisStore.open(url)``."""
 
     def __init__(self, pool: aioredis.BlockingConnectionPool, prefix: str, poll_s: float) -> None:
         """Use ``RedisStore.open``; this only records the settings."""
+        super().__init__()
         # redis-py's types are partial; the store only takes connections from the pool and hands them back.
         self._pool: Any = pool
         self._p = prefix
         self._poll_s = poll_s
         self._closed = False
-        self._waiters: set[asyncio.Event] = set()
         self._expire_lock = asyncio.Lock()
         self.server_settings: dict[str, str] = {}
         """The server's ``appendonly``, ``appendfsync``, ``save`` and ``maxmemory-policy`` as read at
@@ -401,28 +386,14 @@ class RedisStore:
         """The command that finds one overdue attempt, if any (sent along with an operation's reads)."""
         return ("ZRANGEBYSCORE", self._k("running"), "-inf", repr(t), "LIMIT", 0, 1)
 
-    # --- rollouts ---------------------------------------------------------------------------
-    async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        check_batch("enqueue", len(requests))
-        reqs = [q.normalised(r) for r in requests]
-        if not reqs:
-            return []
-        unique = list(dict.fromkeys(r.id for r in reqs))
-        keys = [self._rk(rid) for rid in unique]
+    # --- primitives -------------------------------------------------------------------------
+    async def _insert_rollouts(self, requests: list[RolloutRequest]) -> list[Rollout]:
+        keys = [self._rk(rid) for rid in dict.fromkeys(r.id for r in requests)]
 
         async def txn(link: _Link) -> tuple[list[Rollout], list[Command], bool]:
             rows = await link.watch(keys, *(("HGETALL", k) for k in keys))
             found = {r.id: r for r in map(_rollout_from, rows) if r is not None}
-            fresh: list[Rollout] = []
-            t = now()
-            for req in reqs:
-                stored = found.get(req.id)
-                if stored is not None:
-                    q.check_resend(stored, req)
-                    continue
-                rollout = Rollout(**req.model_dump(), created_at=t, updated_at=t)
-                found[req.id] = rollout
-                fresh.append(rollout)
+            fresh = rules.plan_enqueue(requests, found, now())
             writes: list[Command] = []
             if fresh:
                 (last,) = await link.run(("INCRBY", self._k("rseq"), len(fresh)))
@@ -437,12 +408,11 @@ class RedisStore:
                 writes.append(("ZADD", self._k("rollouts"), *by_seq))
                 writes.append(("ZADD", self._k("waiting"), *by_seq))
                 writes.append(("HINCRBY", self._k("nr"), json.dumps(RolloutStatus.QUEUED.value), len(fresh)))
-            return q.unshared([found[r.id] for r in reqs]), writes, False
+            return [found[r.id] for r in requests], writes, False
 
         return await self._transact(txn)
 
-    async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
-        q.check_claim_args(worker_id, n, timeout_s)
+    async def _claim(self, worker_id: str, n: int, timeout_s: float | None) -> list[Claim]:
         slots: list[str] = []
         for _ in range(n):
             slots += [new_id("at-"), json.dumps(new_gateway_key())]
@@ -461,66 +431,28 @@ class RedisStore:
             for r, a in cast(list[list[list[str]]], rows)
         ]
 
-    async def heartbeat(self, attempt_id: str) -> Attempt:
-        await self._expire_due()
-        akey = self._ak(attempt_id)
-
-        async def txn(link: _Link) -> tuple[Attempt, list[Command], bool]:
-            (row,) = await link.watch([akey], ("HGETALL", akey))
-            attempt = _attempt_from(row)
-            if attempt is None:
-                raise q.attempt_not_found(attempt_id)
-            if attempt.status is not AttemptStatus.RUNNING:
-                check_attempt_transition(attempt.id, attempt.status, AttemptStatus.RUNNING)
-            (config,) = await link.run(("HGET", self._rk(attempt.rollout_id), "config"))
-            t = now()
-            attempt.heartbeat_at = t
-            deadline = attempt_deadline(
-                RolloutConfig.model_validate_json(config), attempt.started_at, t, attempt.timeout_s
-            )
-            attempt.deadline = deadline
-            writes: list[Command] = [
-                ("HSET", akey, "heartbeat_at", json.dumps(t), "deadline", json.dumps(deadline)),
-                ("ZADD", self._k("running"), deadline, attempt.id),
-            ]
-            return attempt, writes, False
-
-        return await self._transact(txn)
-
-    async def finish_attempt(
-        self,
-        attempt_id: str,
-        status: AttemptStatus,
-        *,
-        error: str | None = None,
-        reward: float | None = None,
-    ) -> Rollout:
-        q.check_finish(status, reward)
+    async def _update_attempt(self, attempt_id: str, change: AttemptChange) -> tuple[Rollout, Attempt]:
         t = now()
         due, owner = await self._read(self._due(t), ("HGET", self._ak(attempt_id), "rollout_id"))
         if due:
             await self._expire(t)
         if owner is None:
-            raise q.attempt_not_found(attempt_id)
+            raise rules.attempt_not_found(attempt_id)
         rkey, akey = self._rk(cast(str, json.loads(owner))), self._ak(attempt_id)
 
-        async def txn(link: _Link) -> tuple[Rollout, list[Command], bool]:
+        async def txn(link: _Link) -> tuple[tuple[Rollout, Attempt], list[Command], bool]:
             rrow, arow = await link.watch([rkey, akey], ("HGETALL", rkey), ("HGETALL", akey))
             rollout, attempt = _rollout_from(rrow), _attempt_from(arow)
             if rollout is None or attempt is None:  # pruned meanwhile
-                raise q.attempt_not_found(attempt_id)
+                raise rules.attempt_not_found(attempt_id)
             before = rollout.status
-            q.end_attempt(rollout, attempt, status, None, error, reward, now())
+            change(rollout, attempt)
             writes, ends = self._changes([(before, rollout, attempt)])
-            return rollout, writes, ends
+            return (rollout, attempt), writes, ends
 
         return await self._transact(txn)
 
-    async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        check_batch("cancel", len(rollout_ids))
-        ids = list(rollout_ids)
-        if not ids:
-            return []
+    async def _update_rollouts(self, ids: list[str], change: RolloutChange) -> list[Rollout]:
         unique = list(dict.fromkeys(ids))
         keys = [self._rk(rid) for rid in unique]
 
@@ -532,11 +464,10 @@ class RedisStore:
             for rid, row in zip(unique, rows[: len(unique)], strict=True):
                 rollout = _rollout_from(row)
                 if rollout is None:
-                    raise q.rollout_not_found(rid)
+                    raise rules.rollout_not_found(rid)
                 rollouts[rid] = rollout
-            live = [r for r in unique if rollouts[r].status not in TERMINAL_ROLLOUT]
             last = dict(zip(unique, rows[len(unique) :], strict=True))
-            aids = [last[r] for r in live if last[r] is not None and rollouts[r].status is RolloutStatus.RUNNING]
+            aids = [last[r] for r in unique if last[r] is not None and rollouts[r].status is RolloutStatus.RUNNING]
             running: dict[str, Attempt] = {}
             if aids:
                 akeys = [self._ak(a) for a in aids]
@@ -544,51 +475,30 @@ class RedisStore:
                     attempt = _attempt_from(row)
                     if attempt is not None and attempt.status is AttemptStatus.RUNNING:
                         running[attempt.rollout_id] = attempt
-            t = now()
             changed: list[tuple[RolloutStatus, Rollout, Attempt | None]] = []
-            for rid in live:
+            for rid in unique:
                 rollout, attempt = rollouts[rid], running.get(rid)
                 before = rollout.status
-                if q.cancel_rollout(rollout, attempt, t):
+                if change(rollout, attempt):
                     changed.append((before, rollout, attempt))
             writes, ends = self._changes(changed)
-            return q.unshared([rollouts[rid] for rid in ids]), writes, ends
+            return [rollouts[rid] for rid in ids], writes, ends
 
         return await self._transact(txn)
 
-    async def get_rollout(self, rollout_id: str) -> Rollout:
+    async def _select_rollouts(self, query: RolloutQuery) -> list[Rollout]:
         await self._expire_due()
-        (rollout,) = await self._rollouts([rollout_id])
-        if rollout is None:
-            raise q.rollout_not_found(rollout_id)
-        return rollout
-
-    async def query_rollouts(
-        self,
-        *,
-        ids: Sequence[str] | None = None,
-        status: Sequence[RolloutStatus] | None = None,
-        group_id: str | None = None,
-        mode: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> list[Rollout]:
-        check_page(limit, offset)
-        statuses = None if status is None else set(status)
-
-        def keep(r: Rollout) -> bool:
-            return (
-                (statuses is None or r.status in statuses)
-                and (group_id is None or r.group_id == group_id)
-                and (mode is None or r.mode == mode)
-            )
-
-        await self._expire_due()
-        if ids is not None:
-            found = [r for r in await self._rollouts(list(dict.fromkeys(ids))) if r is not None]
+        offset, limit = query.offset, query.limit
+        if query.ids is not None:
+            ids = list(query.ids)
+            if query.statuses is not None:  # statuses first: waiting for a group reads few whole rollouts
+                wanted = {json.dumps(s.value) for s in query.statuses}
+                statuses = await self._read(*(("HGET", self._rk(r), "status") for r in ids))
+                ids = [rid for rid, s in zip(ids, statuses, strict=True) if s in wanted]
+            found = [r for r in await self._rollouts(ids) if r is not None]
             found.sort(key=lambda r: r.seq)
-            return [r for r in found if keep(r)][offset : offset + limit]
-        if statuses is None and group_id is None and mode is None:
+            return [r for r in found if query.matches(r)][offset : offset + limit]
+        if query.statuses is None and query.group_id is None and query.mode is None:
             (page,) = await self._read(("ZRANGE", self._k("rollouts"), offset, offset + limit - 1))
             return [r for r in await self._rollouts(page) if r is not None]
         out: list[Rollout] = []
@@ -599,7 +509,7 @@ class RedisStore:
                 break
             start += chunk
             for r in await self._rollouts(some):
-                if r is None or not keep(r):
+                if r is None or not query.matches(r):
                     continue
                 if skipped < offset:
                     skipped += 1
@@ -607,83 +517,47 @@ class RedisStore:
                     out.append(r)
         return out
 
-    async def wait_for_rollouts(self, ids: Sequence[str], timeout_s: float) -> list[Rollout]:
-        wanted = list(ids)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(timeout_s, 0.0)
-        changed = asyncio.Event()
-        self._waiters.add(changed)
-        try:
-            while True:
-                changed.clear()
-                await self._expire_due()
-                ended = await self._ended(wanted)
-                remaining = deadline - loop.time()
-                if len(ended) == len(wanted) or remaining <= 0:
-                    return ended
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout=min(remaining, self._poll_s))
-        finally:
-            self._waiters.discard(changed)
-
-    # --- attempts ---------------------------------------------------------------------------
-    async def get_attempt(self, attempt_id: str) -> Attempt:
+    async def _get_attempt(self, attempt_id: str) -> Attempt | None:
         await self._expire_due()
         (row,) = await self._read(("HGETALL", self._ak(attempt_id)))
-        attempt = _attempt_from(row)
-        if attempt is None:
-            raise q.attempt_not_found(attempt_id)
-        return attempt
+        return _attempt_from(row)
 
-    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+    async def _select_attempts(self, rollout_id: str) -> list[Attempt] | None:
         await self._expire_due()
         exists, aids = await self._read(("EXISTS", self._rk(rollout_id)), ("LRANGE", self._rak(rollout_id), 0, -1))
         if not exists:
-            raise q.rollout_not_found(rollout_id)
+            return None
         if not aids:
             return []
         rows = await self._read(*(("HGETALL", self._ak(a)) for a in aids))
         return [a for a in map(_attempt_from, rows) if a is not None]
 
-    # --- spans ------------------------------------------------------------------------------
-    async def add_spans(self, spans: Sequence[Span]) -> int:
-        check_batch("add_spans", len(spans))
-        if not spans:
-            return 0
+    async def _insert_spans(self, spans: list[Span]) -> int:
         args: list[str] = [self._p]
         for span in spans:
             head, tail = _split_span(span)
-            args += [_span_key(span), span.attempt_id, json.dumps(span.rollout_id), head, tail]
+            args += [span_key(span), span.attempt_id, json.dumps(span.rollout_id), head, tail]
         async with self._link() as link:
             result = int(await link.script(_ADD_SPANS, args))
         if result < 0:
-            q.check_span_targets([spans[-result - 1]], {})  # raises NotFoundError naming the span and attempt
+            rules.check_span_targets([spans[-result - 1]], {})  # raises NotFoundError naming the span and attempt
         return result
 
-    async def query_spans(
-        self,
-        *,
-        rollout_id: str | None = None,
-        attempt_id: str | None = None,
-        name: str | None = None,
-        limit: int = 10_000,
-        offset: int = 0,
-    ) -> list[Span]:
-        check_page(limit, offset)
+    async def _select_spans(self, query: SpanQuery) -> list[Span]:
         aids: list[str]
-        if attempt_id is not None:
-            (owner,) = await self._read(("HGET", self._ak(attempt_id), "rollout_id"))
-            inside = owner is not None and (rollout_id is None or json.loads(owner) == rollout_id)
-            aids = [attempt_id] if inside else []
-        elif rollout_id is not None:
-            (aids,) = await self._read(("LRANGE", self._rak(rollout_id), 0, -1))
+        if query.attempt_id is not None:
+            (owner,) = await self._read(("HGET", self._ak(query.attempt_id), "rollout_id"))
+            inside = owner is not None and (query.rollout_id is None or json.loads(owner) == query.rollout_id)
+            aids = [query.attempt_id] if inside else []
+        elif query.rollout_id is not None:
+            (aids,) = await self._read(("LRANGE", self._rak(query.rollout_id), 0, -1))
         else:
             (aids,) = await self._read(("ZRANGE", self._k("attempts"), 0, -1))
-        if name is not None:
+        if query.name is not None:
             texts = await self._span_texts(aids, 0, None)
-            named = [s for s in map(Span.model_validate_json, texts) if s.name == name]
-            return named[offset : offset + limit]
-        return [Span.model_validate_json(text) for text in await self._span_texts(aids, offset, limit)]
+            named = [s for s in map(Span.model_validate_json, texts) if s.name == query.name]
+            return named[query.offset : query.offset + query.limit]
+        return [Span.model_validate_json(text) for text in await self._span_texts(aids, query.offset, query.limit)]
 
     async def _span_texts(self, aids: list[str], offset: int, limit: int | None) -> list[str]:
         """Span JSON of ``aids`` in order, ``offset``/``limit`` applied across attempts by list lengths."""
@@ -708,31 +582,22 @@ class RedisStore:
         return [text for chunk in await self._read(*ranges) for text in chunk]
 
     # --- resources --------------------------------------------------------------------------
-    async def add_resources(
-        self,
-        *,
-        llm: LLMResource | None = None,
-        prompts: dict[str, str] | None = None,
-        extra: dict[str, object] | None = None,
-    ) -> Resources:
-        res = Resources(version=1, llm=llm, prompts=prompts or {}, extra=extra or {})
+    async def _insert_resources(self, make: Callable[[int], Resources]) -> Resources:
+        res = make(1)  # the script assigns the version
         async with self._link() as link:
             res.version = int(await link.script(_ADD_RESOURCES, [self._p, res.model_dump_json(exclude={"version"})]))
         return res
 
-    async def get_resources(self, version: int | None = None) -> Resources:
+    async def _select_resources(self, version: int | None) -> tuple[Resources | None, int]:
         (latest,) = await self._read(("HLEN", self._k("res")))
         wanted = int(latest) if version is None else version
         (data,) = await self._read(("HGET", self._k("res"), wanted)) if latest else (None,)
         if data is None:
-            raise q.resources_not_found(version, int(latest))
-        return Resources.model_validate({**json.loads(data), "version": wanted})
+            return None, int(latest)
+        return Resources.model_validate({**json.loads(data), "version": wanted}), int(latest)
 
     # --- housekeeping -----------------------------------------------------------------------
-    async def expire(self, now: float | None = None) -> int:
-        return await self._expire(time.time() if now is None else now)
-
-    async def prune(self, older_than: float) -> int:
+    async def _delete_ended(self, older_than: float) -> int:
         (doomed,) = await self._read(("ZRANGEBYSCORE", self._k("ended"), "-inf", f"({older_than!r}"))
         pruned = 0
         for rid in doomed:
@@ -756,7 +621,7 @@ class RedisStore:
                 )
                 attempts = [a for a in map(_attempt_from, replies[: len(aids)]) if a is not None]
                 texts = [text for chunk in replies[len(aids) :] for text in chunk]
-            span_keys = [_span_key(Span.model_validate_json(text)) for text in texts]
+            span_keys = [span_key(Span.model_validate_json(text)) for text in texts]
             doomed = [rkey, rakey, *(self._ak(a) for a in aids), *(self._sk(a) for a in aids)]
             writes: list[Command] = [("DEL", *doomed)]
             if span_keys:
@@ -771,7 +636,7 @@ class RedisStore:
 
         return await self._transact(txn)
 
-    async def stats(self) -> StoreStats:
+    async def _count(self) -> StoreStats:
         await self._expire_due()
         async with self._link() as link:  # MULTI/EXEC: one consistent snapshot of the counters
             replies = await link.run(
@@ -869,8 +734,7 @@ class RedisStore:
         if failed:
             raise _unavailable(failed[0])
         if ends:
-            for event in self._waiters:
-                event.set()
+            self._rollouts_ended()
         return (result,)
 
     def _changes(self, changes: Sequence[tuple[RolloutStatus, Rollout, Attempt | None]]) -> tuple[list[Command], bool]:
@@ -893,6 +757,9 @@ class RedisStore:
                 ended = True
             if attempt is not None:
                 writes.append(("HSET", self._ak(attempt.id), *_fields(attempt.model_dump(mode="json"))))
+            if attempt is not None and attempt.status is AttemptStatus.RUNNING:  # a heartbeat
+                writes.append(("ZADD", self._k("running"), cast(float, attempt.deadline), attempt.id))
+            elif attempt is not None:
                 writes.append(("ZREM", self._k("running"), attempt.id))
                 writes.append(("HINCRBY", self._k("na"), _RUNNING, -1))
                 writes.append(("HINCRBY", self._k("na"), json.dumps(attempt.status.value), 1))
@@ -902,15 +769,6 @@ class RedisStore:
         if not ids:
             return []
         return [_rollout_from(row) for row in await self._read(*(("HGETALL", self._rk(r)) for r in ids))]
-
-    async def _ended(self, ids: list[str]) -> list[Rollout]:
-        unique = list(dict.fromkeys(ids))
-        if not unique:
-            return []
-        statuses = await self._read(*(("HGET", self._rk(r), "status") for r in unique))
-        done = [rid for rid, s in zip(unique, statuses, strict=True) if s in _TERMINAL]
-        by_id = {r.id: r for r in await self._rollouts(done) if r is not None}
-        return q.unshared([by_id[i] for i in ids if i in by_id])
 
     async def _expire_due(self) -> None:
         """Expire before a read, as every backend does; one range query when nothing is due."""
@@ -954,8 +812,7 @@ class RedisStore:
                 if attempt.deadline is None or attempt.deadline > t:
                     continue  # heartbeated since the range query
                 before = rollout.status
-                reason, message = expiry_reason(rollout.config, attempt, t)
-                q.end_attempt(rollout, attempt, AttemptStatus.TIMED_OUT, reason, message, None, now())
+                rules.expire(rollout, attempt, t, now())
                 changes.append((before, rollout, attempt))
             writes, ends = self._changes(changes)
             if drop:

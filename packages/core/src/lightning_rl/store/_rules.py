@@ -1,0 +1,224 @@
+"""What the store's operations *do*, as plain functions over the pydantic models.
+
+Every backend's primitives load rows, call these functions, and save the changed models back, so a
+claim, a finish, a cancel or an expiry means the same on every backend (``store.base`` holds the
+decisions these steps build on: ``attempt_outcome``, deadlines, timeouts). The argument checks and
+error messages every backend shares are here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
+from lightning_rl.store.base import (
+    attempt_deadline,
+    attempt_outcome,
+    attempt_timeout,
+    check_batch,
+    check_reward,
+    expiry_reason,
+    same_request,
+    set_rollout_status,
+)
+from lightning_rl.types import (
+    TERMINAL_ROLLOUT,
+    Attempt,
+    AttemptStatus,
+    RetryReason,
+    Rollout,
+    RolloutConfig,
+    RolloutRequest,
+    RolloutStatus,
+    Span,
+    check_attempt_transition,
+    check_rollout_transition,
+    new_id,
+)
+
+__all__ = [
+    "WAITING",
+    "normalised",
+    "plan_enqueue",
+    "check_resend",
+    "check_claim_args",
+    "check_finish",
+    "check_span_targets",
+    "open_attempt",
+    "end_attempt",
+    "beat",
+    "cancel",
+    "expire",
+    "unshared",
+    "rollout_not_found",
+    "attempt_not_found",
+    "resources_not_found",
+]
+
+WAITING = (RolloutStatus.QUEUED, RolloutStatus.REQUEUED)
+"""Statuses a claim takes rollouts from."""
+
+M = TypeVar("M", bound=BaseModel)
+
+
+# --------------------------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------------------------
+
+
+def normalised(request: RolloutRequest) -> RolloutRequest:
+    """The request as it reads back after a trip through JSON (tuples become lists, …), so an
+    idempotent re-send compares equal to what a backend holds."""
+    return RolloutRequest.model_validate_json(request.model_dump_json())
+
+
+def check_resend(stored: Rollout, request: RolloutRequest) -> None:
+    """Raise ``ConflictError`` unless a re-sent ``request`` matches the stored rollout."""
+    if not same_request(stored, request):
+        raise ConflictError(
+            f"rollout id {request.id} already exists with a different task or config; use a new id for a new rollout."
+        )
+
+
+def plan_enqueue(requests: Sequence[RolloutRequest], found: dict[str, Rollout], t: float) -> list[Rollout]:
+    """The new rollouts to insert for ``requests`` (``seq`` left to the backend), given the stored
+    ones in ``found`` (updated with the new ones). Checks every re-send first: all or nothing."""
+    fresh: list[Rollout] = []
+    for req in requests:
+        stored = found.get(req.id)
+        if stored is not None:
+            check_resend(stored, req)
+            continue
+        rollout = Rollout(**req.model_dump(), created_at=t, updated_at=t)
+        found[req.id] = rollout
+        fresh.append(rollout)
+    return fresh
+
+
+def check_claim_args(worker_id: str, n: int, timeout_s: float | None = None) -> None:
+    if n < 1:
+        raise InvalidRequestError(f"claim n must be >= 1, got {n}.")
+    check_batch("claim", n)
+    if not worker_id:
+        raise InvalidRequestError("worker_id must be a non-empty string.")
+    attempt_timeout(RolloutConfig(), timeout_s)  # refuse a bad timeout before claiming anything
+
+
+def check_finish(status: AttemptStatus, reward: float | None) -> None:
+    """Only a worker's endings (not ``cancelled``), with a finite reward (see ``check_reward``)."""
+    if status not in (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.TIMED_OUT):
+        raise InvalidRequestError(f"finish_attempt status must be succeeded, failed or timed_out, not {status}.")
+    check_reward(reward)
+
+
+def check_span_targets(spans: Sequence[Span], attempt_rollout: dict[str, str]) -> None:
+    """Raise ``NotFoundError`` for the first span whose attempt does not exist or belongs to
+    another rollout. ``attempt_rollout`` maps each existing attempt id to its rollout id."""
+    for span in spans:
+        if attempt_rollout.get(span.attempt_id) != span.rollout_id:
+            raise NotFoundError(
+                f"span {span.span_id} names attempt {span.attempt_id} of rollout {span.rollout_id}, "
+                "which does not exist; spans must belong to a claimed attempt."
+            )
+
+
+def unshared(items: Sequence[M]) -> list[M]:
+    """``items`` with every repeated object replaced by a deep copy (a caller may list one id twice),
+    so no two returned models alias each other. Fresh objects are not copied: that is the hot path."""
+    seen: set[int] = set()
+    out: list[M] = []
+    for item in items:
+        out.append(item.model_copy(deep=True) if id(item) in seen else item)
+        seen.add(id(item))
+    return out
+
+
+def rollout_not_found(rollout_id: str) -> NotFoundError:
+    return NotFoundError(f"rollout {rollout_id} does not exist.")
+
+
+def attempt_not_found(attempt_id: str) -> NotFoundError:
+    return NotFoundError(f"attempt {attempt_id} does not exist.")
+
+
+def resources_not_found(version: int | None, latest: int) -> NotFoundError:
+    if version is None or latest == 0:
+        return NotFoundError("no resources published yet; call add_resources first.")
+    return NotFoundError(f"resources version {version} does not exist (latest is {latest}).")
+
+
+# --------------------------------------------------------------------------------------------
+# Lifecycle steps (mutate the models in place; the backend saves them)
+# --------------------------------------------------------------------------------------------
+
+
+def open_attempt(rollout: Rollout, worker_id: str, t: float, worker_timeout_s: float | None = None) -> Attempt:
+    """Move a waiting rollout to running and return the attempt opened for it (see ``attempt_timeout``)."""
+    check_rollout_transition(rollout.id, rollout.status, RolloutStatus.RUNNING)
+    rollout.status = RolloutStatus.RUNNING
+    rollout.attempt_count += 1
+    rollout.updated_at = t
+    timeout = attempt_timeout(rollout.config, worker_timeout_s)
+    return Attempt(
+        id=new_id("at-"),
+        rollout_id=rollout.id,
+        number=rollout.attempt_count,
+        worker_id=worker_id,
+        started_at=t,
+        heartbeat_at=t,
+        deadline=attempt_deadline(rollout.config, t, t, timeout),
+        timeout_s=timeout,
+    )
+
+
+def end_attempt(
+    rollout: Rollout,
+    attempt: Attempt,
+    status: AttemptStatus,
+    reason: RetryReason | None,
+    error: str | None,
+    reward: float | None,
+    t: float,
+) -> None:
+    """End ``attempt`` with ``status`` and move ``rollout`` on as ``attempt_outcome`` decides.
+
+    Raises ``IllegalTransitionError`` (changing nothing) if the attempt already ended.
+    """
+    check_attempt_transition(attempt.id, attempt.status, status)
+    outcome = attempt_outcome(rollout, status, reason, error)
+    set_rollout_status(rollout, outcome.rollout_status, outcome.error, t)
+    attempt.status = status
+    attempt.ended_at = t
+    attempt.error = error
+    attempt.reward = reward
+    attempt.deadline = None
+    if status is AttemptStatus.SUCCEEDED:
+        rollout.final_reward = reward
+
+
+def beat(rollout: Rollout, attempt: Attempt, t: float) -> None:
+    """A heartbeat: push a running attempt's deadline out (``IllegalTransitionError`` if it ended)."""
+    if attempt.status is not AttemptStatus.RUNNING:
+        check_attempt_transition(attempt.id, attempt.status, AttemptStatus.RUNNING)
+    attempt.heartbeat_at = t
+    attempt.deadline = attempt_deadline(rollout.config, attempt.started_at, t, attempt.timeout_s)
+
+
+def cancel(rollout: Rollout, running: Attempt | None, t: float) -> bool:
+    """Cancel a rollout that has not ended (and its running attempt); return whether it changed."""
+    if rollout.status in TERMINAL_ROLLOUT:
+        return False
+    if running is not None:
+        end_attempt(rollout, running, AttemptStatus.CANCELLED, None, "cancelled", None, t)
+    else:
+        set_rollout_status(rollout, RolloutStatus.CANCELLED, "cancelled", t)
+    return True
+
+
+def expire(rollout: Rollout, attempt: Attempt, t: float, ended_at: float) -> None:
+    """Time out an attempt found past its deadline at ``t`` (``expiry_reason`` says why)."""
+    reason, message = expiry_reason(rollout.config, attempt, t)
+    end_attempt(rollout, attempt, AttemptStatus.TIMED_OUT, reason, message, None, ended_at)
