@@ -217,7 +217,7 @@ class _Gateway:
         self.store = store
         self.config = config
         self.writer = writer
-        self.recorder = Recorder(writer, store)
+        self.recorder = Recorder(writer)
         self.binder = AttemptBinder(store, config.attempt_check_s) if store is not None else None
         self.requests: Counter[str] = Counter()
         self.errors: Counter[int] = Counter()
@@ -705,7 +705,6 @@ class _Gateway:
             "in_flight": self.in_flight,
             "streams_cancelled_total": self.streams_cancelled,
             "calls_recorded_total": self.recorder.recorded,
-            "calls_unattributed_total": self.recorder.unattributed,
             "model_version": self.backend.version or 0,
         }
         if self.writer is not None:
@@ -904,7 +903,6 @@ def create_gateway_app(
         try:
             yield
         finally:
-            await gw.recorder.drain()
             if writer is not None:
                 if own_writer:
                     await writer.close(timeout=10.0)

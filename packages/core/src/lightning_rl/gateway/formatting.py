@@ -255,9 +255,6 @@ class StreamAccumulator:
     def token_ids(self, index: int) -> list[int]:
         return self._choices[index].ids if index < len(self._choices) else []
 
-    def text(self, index: int) -> str:
-        return "".join(self._choices[index].content)
-
     def result(self) -> CallResult:
         choices: list[ChoiceResult] = []
         exact = self.prompt_ids is not None
