@@ -349,6 +349,7 @@ class _Gateway:
                 want_logprobs=want_lp,
                 body=body,
                 role=ctx.role,
+                affinity=ctx.rollout_id,
             )
             rid = new_call_id("chatcmpl-")
             created = int(time.time())
@@ -419,7 +420,15 @@ class _Gateway:
             params = self._params(req.temperature, req.top_p, max_tokens, req.stop_list(), req.seed, req.logprobs or 0)
             specs = [
                 CallSpec(
-                    "completion", params, n, req.max_tokens, prompt=p, want_logprobs=want_lp, body=body, role=ctx.role
+                    "completion",
+                    params,
+                    n,
+                    req.max_tokens,
+                    prompt=p,
+                    want_logprobs=want_lp,
+                    body=body,
+                    role=ctx.role,
+                    affinity=ctx.rollout_id,
                 )
                 for p in prompts
             ]
@@ -488,6 +497,7 @@ class _Gateway:
                 tool_choice=tool_choice,
                 body=chat_body,
                 role=ctx.role,
+                affinity=ctx.rollout_id,
             )
             rid = new_call_id("resp_")
             created = int(time.time())

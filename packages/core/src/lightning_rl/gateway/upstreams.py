@@ -70,6 +70,9 @@ class CallSpec:
     body: dict[str, Any] = field(default_factory=dict[str, Any])
     role: str | None = None
     """The agent role that made the call (the URL's ``/roles/...`` or ``X-Lightning-Role``), if any."""
+    affinity: str | None = None
+    """The rollout the call belongs to: a backend over several servers sends all of its calls to one
+    (``ReplicaUpstream``), whose prefix cache then holds the conversation."""
 
     @property
     def parse_tools(self) -> bool:
