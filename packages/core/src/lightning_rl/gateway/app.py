@@ -223,6 +223,11 @@ class _Gateway:
         self.errors: Counter[int] = Counter()
         self.streams_cancelled = 0
         self.in_flight = 0
+        self.opening = 0
+        """Streams being opened (their first piece awaited): in flight, not yet counted in ``in_flight``."""
+        self.held = 0
+        self._resumed: asyncio.Future[None] | None = None
+        """Set while paused (see ``pause``): the calls that arrive wait for it."""
         # optional: a non-streamed call reported through a callback, no task (see GatewayBackend)
         start_call: Callable[[CallSpec, OnResult], None] | None = getattr(backend, "start_call", None)
         self._start_call = start_call or self._run_in_task
@@ -535,6 +540,8 @@ class _Gateway:
         ``binding``); calls that name no rollout, or a gateway without a store, are served as they are."""
 
         def call(raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
+            if self._resumed is not None:
+                return self._held(call, raw, ctx)
             binder = self.binder
             if ctx.rollout_id is None or binder is None:
                 return handler(raw, ctx)
@@ -553,6 +560,43 @@ class _Gateway:
             ctx = await binding
         except Exception as exc:
             return self._error(exc)
+        if self._resumed is not None:  # paused while the store was asked: wait like a new call
+            return await self._held(handler, raw, ctx)
+        return await handler(raw, ctx)
+
+    # --- pause and drain ------------------------------------------------------------------
+    async def pause(self, timeout_s: float | None = None) -> bool:
+        """Stop admitting model calls, then wait until the calls in flight have ended.
+
+        Calls that arrive while paused are held (not refused) and served after ``resume``, so a
+        weight swap between ``pause`` and ``resume`` loses no call and no call is answered partly
+        by the old weights and recorded under the new version. Returns whether every call in
+        flight ended within ``timeout_s`` (``None``: wait as long as it takes).
+        """
+        if self._resumed is None:
+            self._resumed = asyncio.get_running_loop().create_future()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        quiet = 0
+        while quiet < 2:  # twice in a row: a stream is counted only once its body starts
+            quiet = quiet + 1 if self.in_flight + self.opening == 0 else 0
+            if quiet < 2 and deadline is not None and time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    def resume(self) -> None:
+        """Admit calls again; the held ones go on."""
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None:
+            resumed.set_result(None)
+
+    async def _held(self, handler: _Handler, raw: bytes, ctx: CallContext) -> bytes | Response:
+        self.held += 1
+        try:
+            while self._resumed is not None:
+                await asyncio.shield(self._resumed)
+        finally:
+            self.held -= 1
         return await handler(raw, ctx)
 
     # --- non-streamed calls: callbacks, no task -------------------------------------------
@@ -658,10 +702,13 @@ class _Gateway:
     ) -> Response:
         """A streamed answer: the backend's stream opened (its first piece in), as an SSE response
         whose chunks ``make_chunks`` formats from the pieces; the call is recorded when it ends."""
+        self.opening += 1
         try:
             pieces = await self._open_stream(spec)
         except Exception as exc:
             return self._error(exc)
+        finally:
+            self.opening -= 1
         acc = fmt.StreamAccumulator(n)
         chunks = make_chunks(pieces, acc)
 
@@ -713,6 +760,8 @@ class _Gateway:
             "requests_total": dict(self.requests),
             "errors_total": {str(k): v for k, v in self.errors.items()},
             "in_flight": self.in_flight,
+            "paused": int(self._resumed is not None),
+            "calls_held": self.held,
             "streams_cancelled_total": self.streams_cancelled,
             "calls_recorded_total": self.recorder.recorded,
             "model_version": self.backend.version or 0,
@@ -730,6 +779,24 @@ class _Gateway:
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": self.backend.model_name, "version": self.backend.version})
+
+    async def admin_pause(self, request: Request) -> Response:
+        """``POST /admin/pause`` (``{"timeout_s": ...}`` optional): stop admitting calls and drain."""
+        try:
+            body = _body(await read_body(request.receive, self.config.max_body_bytes) or b"{}")
+            timeout_s = body.get("timeout_s")
+            if timeout_s is not None and (not isinstance(timeout_s, int | float) or timeout_s < 0):
+                raise GatewayHTTPError(400, "'timeout_s' must be a non-negative number of seconds.", param="timeout_s")
+            drained = await self.pause(timeout_s)
+            return JSONResponse({"paused": True, "drained": drained, "in_flight": self.in_flight + self.opening})
+        except Exception as exc:
+            return self._error(exc)
+
+    async def admin_resume(self, request: Request) -> Response:
+        """``POST /admin/resume``: admit calls again (the held ones first)."""
+        held = self.held
+        self.resume()
+        return JSONResponse({"paused": False, "released": held})
 
     async def admin_weights(self, request: Request) -> Response:
         """Swap weights (embedded engine) or record the upstream's new version: ``{"path", "version"}``.
@@ -913,6 +980,7 @@ def create_gateway_app(
         try:
             yield
         finally:
+            gw.resume()  # calls held by a pause are served before the backend closes
             if writer is not None:
                 if own_writer:
                     await writer.close(timeout=10.0)
@@ -943,4 +1011,6 @@ def create_gateway_app(
     app.add_route("/metrics", gw.metrics, methods=["GET"], include_in_schema=False)
     app.add_route("/health", gw.health, methods=["GET"], include_in_schema=False)
     app.add_route("/admin/weights", gw.admin_weights, methods=["POST"], include_in_schema=False)
+    app.add_route("/admin/pause", gw.admin_pause, methods=["POST"], include_in_schema=False)
+    app.add_route("/admin/resume", gw.admin_resume, methods=["POST"], include_in_schema=False)
     return app
