@@ -35,7 +35,6 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -56,17 +55,7 @@ from lightning_rl.gateway._asgi import (
 )
 from lightning_rl.gateway._weights import weights_file
 from lightning_rl.gateway.binding import AttemptBinder
-from lightning_rl.gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GatewayHTTPError,
-    ResponsesRequest,
-    dumpb,
-    error_response,
-    loads,
-    new_call_id,
-    validation_message,
-)
+from lightning_rl.gateway.protocol import GatewayHTTPError, dumpb, error_response, loads, new_call_id
 from lightning_rl.gateway.recording import CallContext, CallInfo, Recorder
 from lightning_rl.gateway.upstreams import (
     CallResult,
@@ -84,7 +73,6 @@ from lightning_rl.store.writer import SpanWriter
 __all__ = ["GatewayConfig", "create_gateway_app"]
 
 _log = logging.getLogger(__name__)
-_M = TypeVar("_M", bound=BaseModel)
 _T = TypeVar("_T")
 
 #: Model names frameworks send by default; they are mapped to the served model.
@@ -156,18 +144,18 @@ def _body(raw: bytes) -> dict[str, Any]:
     try:
         data = loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayHTTPError(400, f"the request body is not valid JSON ({exc}); send a JSON object.") from exc
+        msg = f"the request body is not valid JSON ({exc}); send a JSON object."
+        raise GatewayHTTPError(400, msg, code="invalid_json") from exc
     if not isinstance(data, dict):
-        raise GatewayHTTPError(400, "the request body must be a JSON object.")
+        raise GatewayHTTPError(400, "the request body must be a JSON object.", code="invalid_type")
     return data
 
 
-def _validate(model: type[_M], body: dict[str, Any]) -> _M:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise GatewayHTTPError(400, message, param=param) from exc
+def _stop_list(body: dict[str, Any]) -> list[str]:
+    stop: str | list[str] | None = body.get("stop")
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else [s for s in stop if s]
 
 
 def _ready(response: Response) -> asyncio.Future[bytes | Response]:
@@ -183,9 +171,9 @@ def _failure(exc: BaseException) -> Response:
     if isinstance(exc, LightningError):
         status = http_status(exc)
         if status != 500:
-            return error_response(status, str(exc))
+            return error_response(status, str(exc), code="invalid_value" if status == 400 else None)
     if isinstance(exc, ValueError):
-        return error_response(400, str(exc))
+        return error_response(400, str(exc), code="invalid_value")
     if isinstance(exc, ConnectionError):
         return error_response(503, str(exc), type="service_unavailable")
     _log.exception("gateway error", exc_info=exc)
@@ -193,17 +181,10 @@ def _failure(exc: BaseException) -> Response:
 
 
 def _content_text(content: Any) -> Any:
-    """Chat content parts (``[{"type": "text", "text": ...}]``) as one string for the chat template."""
+    """Chat content parts (``[{"type": "text", "text": ...}]``, checked by ``validation``) as one
+    string for the chat template."""
     if isinstance(content, list):
-        out: list[str] = []
-        for part in content:
-            if isinstance(part, dict):
-                if part.get("type") in ("image_url", "input_audio", "file"):
-                    raise GatewayHTTPError(400, "this model accepts text only; remove image, audio and file parts.")
-                out.append(str(part.get("text") or ""))
-            else:
-                out.append(str(part))
-        return "".join(out)
+        return "".join(str(part.get("text") or part.get("refusal") or "") for part in content)  # pyright: ignore
     return content
 
 
@@ -257,13 +238,11 @@ class _Gateway:
     def _limits(self, n: int, max_tokens: int | None, param: str = "max_tokens") -> int:
         cfg = self.config
         if n > cfg.max_n:
-            raise GatewayHTTPError(400, f"n={n} is above this gateway's limit of {cfg.max_n}.", param="n")
+            msg = f"n={n} is above this gateway's limit of {cfg.max_n}."
+            raise GatewayHTTPError(400, msg, param="n", code="invalid_value")
         if max_tokens is not None and max_tokens > cfg.max_tokens_limit:
-            raise GatewayHTTPError(
-                400,
-                f"{param}={max_tokens} is above this gateway's limit of {cfg.max_tokens_limit}.",
-                param=param,
-            )
+            msg = f"{param}={max_tokens} is above this gateway's limit of {cfg.max_tokens_limit}."
+            raise GatewayHTTPError(400, msg, param=param, code="invalid_value")
         return max_tokens or cfg.default_max_tokens or cfg.max_tokens_limit
 
     def _params(
@@ -324,24 +303,23 @@ class _Gateway:
         try:
             body = _body(raw)
             check_chat_request(body)
-            req = _validate(ChatCompletionRequest, body)
-            model = self._model(req.model, ctx)
-            n = req.n or 1
-            requested = req.max_completion_tokens or req.max_tokens
-            param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+            model = self._model(body.get("model"), ctx)
+            n: int = body.get("n") or 1
+            requested: int | None = body.get("max_completion_tokens") or body.get("max_tokens")
+            param = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
             max_tokens = self._limits(n, requested, param)
-            messages = [
+            messages: list[dict[str, Any]] = [
                 dict(m, content=_content_text(m["content"])) if isinstance(m.get("content"), list) else m
-                for m in req.messages
+                for m in body["messages"]
             ]
-            want_lp = bool(req.logprobs)
+            want_lp = bool(body.get("logprobs"))
             params = self._params(
-                req.temperature,
-                req.top_p,
+                body.get("temperature"),
+                body.get("top_p"),
                 max_tokens,
-                req.stop_list(),
-                req.seed,
-                (req.top_logprobs or 0) if want_lp else 0,
+                _stop_list(body),
+                body.get("seed"),
+                (body.get("top_logprobs") or 0) if want_lp else 0,
             )
             spec = CallSpec(
                 "chat",
@@ -349,8 +327,8 @@ class _Gateway:
                 n,
                 requested,
                 messages=messages,
-                tools=req.tools or None,
-                tool_choice=req.tool_choice,
+                tools=body.get("tools") or None,
+                tool_choice=body.get("tool_choice"),
                 want_logprobs=want_lp,
                 body=body,
                 role=ctx.role,
@@ -358,16 +336,16 @@ class _Gateway:
             )
             rid = new_call_id("chatcmpl-")
             created = int(time.time())
-            if req.stream:
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            if body.get("stream"):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
                 def chunks(pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
                     return self._chat_chunks(pieces, acc, rid, created, model, want_lp, include_usage)
 
                 return self._stream(
-                    chunks, n, ctx, "chat.completions", "chat", req.model, rid, start_ns, spec, req.messages
+                    chunks, n, ctx, "chat.completions", "chat", body.get("model"), rid, start_ns, spec, body["messages"]
                 )
-            request_model, inputs = req.model, req.messages
+            request_model, inputs = body.get("model"), body["messages"]
 
             def finish(result: CallResult) -> bytes:
                 info = self._info("chat.completions", "chat", request_model, rid, False, start_ns, spec, inputs)
@@ -416,19 +394,25 @@ class _Gateway:
         try:
             body = _body(raw)
             check_completion_request(body)
-            req = _validate(CompletionRequest, body)
-            model = self._model(req.model, ctx)
-            n = req.n or 1
-            max_tokens = self._limits(n, req.max_tokens)
-            prompts = _prompts(req.prompt)
-            want_lp = req.logprobs is not None
-            params = self._params(req.temperature, req.top_p, max_tokens, req.stop_list(), req.seed, req.logprobs or 0)
+            model = self._model(body.get("model"), ctx)
+            n = body.get("n") or 1
+            max_tokens = self._limits(n, body.get("max_tokens"))
+            prompts = _prompts(body["prompt"])
+            want_lp = body.get("logprobs") is not None
+            params = self._params(
+                body.get("temperature"),
+                body.get("top_p"),
+                max_tokens,
+                _stop_list(body),
+                body.get("seed"),
+                body.get("logprobs") or 0,
+            )
             specs = [
                 CallSpec(
                     "completion",
                     params,
                     n,
-                    req.max_tokens,
+                    body.get("max_tokens"),
                     prompt=p,
                     want_logprobs=want_lp,
                     body=body,
@@ -439,10 +423,9 @@ class _Gateway:
             ]
             rid = new_call_id("cmpl-")
             created = int(time.time())
-            if req.stream:
-                if len(specs) != 1:
-                    raise GatewayHTTPError(400, "streaming accepts a single prompt; send one request per prompt.")
-                spec = specs[0]
+            request_model = body.get("model")
+            if body.get("stream"):
+                spec = specs[0]  # one prompt (see validation)
 
                 async def chunks(
                     pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator
@@ -454,9 +437,18 @@ class _Gateway:
                     yield "data: [DONE]\n\n"
 
                 return self._stream(
-                    chunks, n, ctx, "completions", "text_completion", req.model, rid, start_ns, spec, spec.prompt
+                    chunks,
+                    n,
+                    ctx,
+                    "completions",
+                    "text_completion",
+                    body.get("model"),
+                    rid,
+                    start_ns,
+                    spec,
+                    spec.prompt,
                 )
-            request_model = req.model
+            request_model = body.get("model")
 
             def finish(results: list[CallResult]) -> bytes:
                 for spec, result in zip(specs, results, strict=True):
@@ -477,14 +469,19 @@ class _Gateway:
         try:
             body = _body(raw)
             check_responses_request(body)
-            req = _validate(ResponsesRequest, body)
-            model = self._model(req.model, ctx)
-            max_tokens = self._limits(1, req.max_output_tokens, "max_output_tokens")
+            req = body
+            model = self._model(req.get("model"), ctx)
+            max_tokens = self._limits(1, req.get("max_output_tokens"), "max_output_tokens")
             messages = fmt.responses_messages(req)
-            tools = fmt.responses_tools(req.tools)
-            tool_choice = fmt.responses_tool_choice(req.tool_choice)
-            params = self._params(req.temperature, req.top_p, max_tokens, [], req.seed, 0)
-            chat_body: dict[str, Any] = {"model": req.model, "messages": messages, "n": 1, "max_tokens": max_tokens}
+            tools = fmt.responses_tools(req.get("tools"))
+            tool_choice = fmt.responses_tool_choice(req.get("tool_choice"))
+            params = self._params(req.get("temperature"), req.get("top_p"), max_tokens, [], req.get("seed"), 0)
+            chat_body: dict[str, Any] = {
+                "model": req.get("model"),
+                "messages": messages,
+                "n": 1,
+                "max_tokens": max_tokens,
+            }
             for key in ("temperature", "top_p", "seed", "parallel_tool_calls"):
                 if body.get(key) is not None:
                     chat_body[key] = body[key]
@@ -496,7 +493,7 @@ class _Gateway:
                 "chat",
                 params,
                 1,
-                req.max_output_tokens,
+                req.get("max_output_tokens"),
                 messages=messages,
                 tools=tools,
                 tool_choice=tool_choice,
@@ -506,7 +503,7 @@ class _Gateway:
             )
             rid = new_call_id("resp_")
             created = int(time.time())
-            if req.stream:
+            if req.get("stream"):
                 events = fmt.ResponsesEvents(rid, created, model, req)
 
                 async def chunks(
@@ -522,10 +519,12 @@ class _Gateway:
                     for event in events.finish(acc.result()):
                         yield event
 
-                return self._stream(chunks, 1, ctx, "responses", "chat", req.model, rid, start_ns, spec, messages)
+                return self._stream(
+                    chunks, 1, ctx, "responses", "chat", req.get("model"), rid, start_ns, spec, messages
+                )
 
             def finish(result: CallResult) -> bytes:
-                info = self._info("responses", "chat", req.model, rid, False, start_ns, spec, messages)
+                info = self._info("responses", "chat", req.get("model"), rid, False, start_ns, spec, messages)
                 self.recorder.record(ctx, info, result)
                 message_id = "msg_" + rid.removeprefix("resp_")[:24]
                 return dumpb(fmt.response_object(rid, created, model, req, result, message_id=message_id))
@@ -831,21 +830,10 @@ class _Gateway:
 
 
 def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
-    if isinstance(prompt, str):
-        return [prompt]
-    if not prompt:
-        raise GatewayHTTPError(400, "prompt is empty: send text or token ids.", param="prompt")
-    if all(isinstance(p, int) for p in prompt):
-        return [[int(p) for p in prompt]]  # type: ignore[union-attr]
-    out: list[str | list[int]] = []
-    for p in prompt:
-        if isinstance(p, str):
-            out.append(p)
-        elif isinstance(p, list):
-            if not p:
-                raise GatewayHTTPError(400, "a token-id prompt is empty.", param="prompt")
-            out.append([int(t) for t in p])
-    return out
+    """A completions ``prompt`` (checked by ``validation``) as one prompt per choice group."""
+    if isinstance(prompt, str) or isinstance(prompt[0], int):
+        return [prompt]  # pyright: ignore[reportReturnType]
+    return list(prompt)  # pyright: ignore[reportReturnType]
 
 
 class _GatewayApp(FastAPI):

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from lightning_rl.engine.base import ParsedToolCall
-from lightning_rl.gateway.protocol import GatewayHTTPError, ResponsesRequest, dumps
+from lightning_rl.gateway.protocol import GatewayHTTPError, dumps
 from lightning_rl.gateway.upstreams import CallResult, ChoiceResult, StreamPiece
 
 __all__ = [
@@ -306,23 +306,23 @@ def _content_text(content: Any) -> str:
                 text = part.get("text")
                 if isinstance(text, str):
                     parts.append(text)
-                elif part.get("type") in ("input_image", "input_file", "image_url"):
-                    raise GatewayHTTPError(400, "this model accepts text only; remove image and file inputs.")
             elif isinstance(part, str):
                 parts.append(part)
         return "".join(parts)
     return str(content)
 
 
-def responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """Responses ``instructions`` + ``input`` items as chat messages (function calls merged into turns)."""
+def responses_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """Responses ``instructions`` + ``input`` items (checked by ``validation``) as chat messages
+    (function calls merged into turns)."""
     messages: list[dict[str, Any]] = []
-    if req.instructions:
-        messages.append({"role": "system", "content": req.instructions})
-    if isinstance(req.input, str):
-        messages.append({"role": "user", "content": req.input})
+    if req.get("instructions"):
+        messages.append({"role": "system", "content": req["instructions"]})
+    items: str | list[dict[str, Any]] = req["input"]
+    if isinstance(items, str):
+        messages.append({"role": "user", "content": items})
         return messages
-    for item in req.input:
+    for item in items:
         kind = item.get("type") or "message"
         if kind == "message":
             role = str(item.get("role") or "user")
@@ -351,12 +351,9 @@ def responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                     "content": output if isinstance(output, str) else _content_text(output),
                 }
             )
-        elif kind in ("reasoning", "item_reference"):
-            continue  # nothing the model can consume here
-        else:
-            raise GatewayHTTPError(400, f"input item type {kind!r} is not supported; send messages and function calls.")
+        # "reasoning" and "item_reference" items: nothing the model can consume here
     if not messages or all(m["role"] == "system" for m in messages):
-        raise GatewayHTTPError(400, "input is empty: send at least one message.", param="input")
+        raise GatewayHTTPError(400, "input is empty: send at least one message.", param="input", code="invalid_value")
     return messages
 
 
@@ -364,11 +361,7 @@ def responses_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] 
     if not tools:
         return None
     out: list[dict[str, Any]] = []
-    for tool in tools:
-        if tool.get("type") != "function":
-            raise GatewayHTTPError(
-                400, f"tool type {tool.get('type')!r} is not supported; only function tools are.", param="tools"
-            )
+    for tool in tools:  # function tools only (see validation)
         fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -405,7 +398,7 @@ def response_object(
     rid: str,
     created: int,
     model: str,
-    req: ResponsesRequest,
+    req: dict[str, Any],
     result: CallResult | None,
     *,
     message_id: str,
@@ -440,20 +433,20 @@ def response_object(
         "status": status,
         "error": None,
         "incomplete_details": incomplete,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
+        "instructions": req.get("instructions"),
+        "max_output_tokens": req.get("max_output_tokens"),
         "model": model,
         "output": output,
-        "parallel_tool_calls": req.parallel_tool_calls if req.parallel_tool_calls is not None else True,
+        "parallel_tool_calls": req.get("parallel_tool_calls", True) is not False,
         "previous_response_id": None,
-        "temperature": req.temperature,
+        "temperature": req.get("temperature"),
         "text": {"format": {"type": "text"}},
-        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": req.tools or [],
-        "top_p": req.top_p,
+        "tool_choice": req.get("tool_choice") or "auto",
+        "tools": req.get("tools") or [],
+        "top_p": req.get("top_p"),
         "truncation": "disabled",
         "usage": usage_obj,
-        "metadata": req.metadata or {},
+        "metadata": req.get("metadata") or {},
         **extra,
     }
 
@@ -461,7 +454,7 @@ def response_object(
 class ResponsesEvents:
     """The server-sent events of a streamed Responses call, in the order the OpenAI API sends them."""
 
-    def __init__(self, rid: str, created: int, model: str, req: ResponsesRequest) -> None:
+    def __init__(self, rid: str, created: int, model: str, req: dict[str, Any]) -> None:
         self.rid, self.created, self.model, self.req = rid, created, model, req
         self.message_id = "msg_" + os.urandom(12).hex()
         self._seq = 0

@@ -1,12 +1,15 @@
-"""Request checks that answer bad input the way the OpenAI API does: a 400 naming the field.
+"""The one validation pass of each API: bad input answered the way the OpenAI API answers it.
 
-Pydantic models (``protocol``) check the sampling fields' types and ranges; what they cannot say in
-OpenAI's words is the structure of ``messages``, ``tools``, ``tool_choice``, ``logit_bias``,
-``stop`` and the Responses API's ``input``. Those are checked here, by hand, before the model is
-built, with the messages OpenAI uses (``Invalid type for 'messages[0].content': expected …``) and
-``param`` set to the offending path (``messages[0].role``), so a framework shows its user exactly
-what to fix. A request that passes is one the chat template and the engine can take: no client
-input reaches them malformed, so none can end in a 500.
+Every field the gateway reads is checked here, once, straight on the parsed JSON, and the
+handlers then read the body as it is. A refusal is a 400 with OpenAI's wording (``Invalid type
+for 'messages[0].content': expected …``), ``param`` set to the offending path
+(``messages[0].role``) and a ``code`` (``missing_required_parameter``, ``invalid_type``,
+``invalid_value``), so a framework shows its user exactly what to fix. Types are strict, as
+OpenAI's are: ``"5"`` and ``true`` are not integers. A request that passes is one the chat
+template and the engine can take: no client input reaches them malformed, so none can end in a 500.
+
+(There used to be a second pass, pydantic request models, after this one; where the two disagreed
+pydantic's wording leaked out with ``code: null``. One pass cannot disagree with itself.)
 
 Unknown fields are still ignored (frameworks send many we do not use); only the shape of the
 fields the gateway reads is enforced.
@@ -35,6 +38,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _PART_TYPES = ("text", "image_url", "input_audio", "file", "refusal")
+_TEXT_ONLY = "this model accepts text only; remove image, audio and file parts."
 _MAX_STOP = 4
 _MAX_LOGIT_BIAS = 300
 
@@ -122,10 +126,10 @@ def _check_number(body: dict[str, Any], key: str, low: float, high: float) -> No
         raise invalid_value(key, f"{value} is out of range; it must be between {low:g} and {high:g}.")
 
 
-def _check_bool(body: dict[str, Any], key: str) -> None:
+def _check_bool(body: dict[str, Any], key: str, param: str | None = None) -> None:
     value = body.get(key)
     if value is not None and not isinstance(value, bool):
-        raise invalid_type(key, "a boolean", value)
+        raise invalid_type(param or key, "a boolean", value)
 
 
 def _check_object(body: dict[str, Any], key: str) -> None:
@@ -162,6 +166,16 @@ def _check_logit_bias(body: dict[str, Any]) -> None:
             raise invalid_type(f"logit_bias.{key}", "a number", value)
         if not -100 <= value <= 100:
             raise invalid_value(f"logit_bias.{key}", f"{value} is out of range; it must be between -100 and 100.")
+
+
+def _check_ranges(body: dict[str, Any]) -> None:
+    """The finer rules on sampling fields, checked after the shape of the whole body (which fault a
+    body with several is answered about depends on this order; it is kept stable)."""
+    top_p = body.get("top_p")
+    if top_p is not None and top_p <= 0:
+        raise invalid_value("top_p", f"{top_p} is out of range; it must be greater than 0 and at most 1.")
+    if body.get("stream_options") is not None:
+        _check_bool(body["stream_options"], "include_usage", "stream_options.include_usage")
 
 
 def _check_sampling(body: dict[str, Any], *, max_tokens_keys: tuple[str, ...]) -> None:
@@ -207,8 +221,9 @@ def _check_content(message: dict[str, Any], param: str, role: str) -> None:
         if kind not in _PART_TYPES:
             supported = ", ".join(f"'{t}'" for t in _PART_TYPES)
             raise invalid_value(f"{where}.type", f"'{kind}'. Supported values are: {supported}.")
-        if kind in ("text", "refusal"):
-            _string(part, kind, f"{where}.{kind}", required=True)
+        if kind not in ("text", "refusal"):
+            raise invalid_value(f"{where}.type", f"'{kind}': {_TEXT_ONLY}")
+        _string(part, kind, f"{where}.{kind}", required=True)
 
 
 def _check_tool_calls(message: dict[str, Any], param: str) -> None:
@@ -336,14 +351,51 @@ def check_chat_request(body: dict[str, Any]) -> None:
             raise invalid_value(
                 "response_format.type", f"'{kind}'. Supported values are: 'text', 'json_object' and 'json_schema'."
             )
+    _check_ranges(body)
 
 
 # --- completions -------------------------------------------------------------------------------
 
 
+def _check_token_ids(ids: list[Any], param: str) -> None:
+    if not ids:
+        raise invalid_value(param, "a token-id prompt is empty; send at least one token id.")
+    for i, token in enumerate(ids):
+        if not _is_int(token) or token < 0:
+            raise invalid_type(f"{param}[{i}]", "a non-negative integer (a token id)", token)
+
+
+def _check_prompt(body: dict[str, Any]) -> None:
+    """``prompt``: a string, an array of token ids, or an array of strings or of token-id arrays."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise missing_parameter("prompt")
+    if isinstance(prompt, str):
+        return
+    if not isinstance(prompt, list):
+        raise invalid_type("prompt", "a string or an array", prompt)
+    if not prompt:
+        raise invalid_value("prompt", "the array is empty; send text or token ids.")
+    first = prompt[0]
+    if _is_int(first):
+        _check_token_ids(prompt, "prompt")
+    elif isinstance(first, str):
+        for i, item in enumerate(prompt):
+            if not isinstance(item, str):
+                raise invalid_type(f"prompt[{i}]", "a string", item)
+    elif isinstance(first, list):
+        for i, item in enumerate(prompt):
+            if not isinstance(item, list):
+                raise invalid_type(f"prompt[{i}]", "an array of token ids", item)
+            _check_token_ids(item, f"prompt[{i}]")
+    else:
+        raise invalid_type("prompt[0]", "a string, a token id or an array of token ids", first)
+    if body.get("stream") is True and not _is_int(first) and len(prompt) > 1:
+        raise invalid_value("prompt", "streaming accepts a single prompt; send one request per prompt.")
+
+
 def check_completion_request(body: dict[str, Any]) -> None:
-    """Raise ``GatewayHTTPError`` for a completions body OpenAI would refuse (the prompt's shape is
-    checked by its pydantic model)."""
+    """Raise ``GatewayHTTPError`` (400, ``param`` set) for a completions body OpenAI would refuse."""
     if body.get("prompt") is None:
         raise missing_parameter("prompt")
     _check_sampling(body, max_tokens_keys=("max_tokens",))
@@ -351,6 +403,9 @@ def check_completion_request(body: dict[str, Any]) -> None:
     if logprobs is not None and not _is_int(logprobs):
         raise invalid_type("logprobs", "an integer", logprobs)
     _check_bool(body, "echo")
+    _check_ranges(body)
+    _check_prompt(body)
+    _check_int(body, "logprobs", 0, 20)
 
 
 # --- responses ---------------------------------------------------------------------------------
@@ -439,3 +494,26 @@ def check_responses_request(body: dict[str, Any]) -> None:
     _check_int(body, "top_logprobs", 0, 20)
     _check_bool(body, "parallel_tool_calls")
     _check_object(body, "metadata")
+    _check_ranges(body)
+    _check_servable(body)
+
+
+_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "item_reference")
+
+
+def _check_servable(body: dict[str, Any]) -> None:
+    """What a well-formed Responses body may still ask and this gateway cannot serve: input items
+    of other types, image and file parts, tools other than functions."""
+    items = body["input"]
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        kind = item.get("type") or "message"
+        if kind not in _ITEM_TYPES:
+            supported = ", ".join(f"'{t}'" for t in _ITEM_TYPES)
+            raise invalid_value(f"input[{i}].type", f"{kind!r}. Supported values are: {supported}.")
+        content = item.get("content") if kind == "message" else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if part.get("type") in ("input_image", "input_file", "image_url"):
+                raise invalid_value(f"input[{i}].content[{j}].type", f"'{part['type']}': {_TEXT_ONLY}")
+    for i, tool in enumerate(body.get("tools") or []):
+        if tool["type"] != "function":
+            raise invalid_value(f"tools[{i}].type", f"{tool['type']!r}: only function tools are supported here.")
