@@ -235,7 +235,7 @@ class _Gateway:
             code="model_not_found",
         )
 
-    def _limits(self, n: int, max_tokens: int | None, param: str = "max_tokens") -> int:
+    def limits(self, n: int, max_tokens: int | None, param: str = "max_tokens") -> int:
         cfg = self.config
         if n > cfg.max_n:
             msg = f"n={n} is above this gateway's limit of {cfg.max_n}."
@@ -245,48 +245,16 @@ class _Gateway:
             raise GatewayHTTPError(400, msg, param=param, code="invalid_value")
         return max_tokens or cfg.default_max_tokens or cfg.max_tokens_limit
 
-    def _params(
-        self,
-        temperature: float | None,
-        top_p: float | None,
-        max_tokens: int,
-        stop: list[str],
-        seed: int | None,
-        top_logprobs: int,
-    ) -> SamplingParams:
+    def params(self, body: dict[str, Any], max_tokens: int, stop: list[str], top_logprobs: int) -> SamplingParams:
+        """The sampling parameters of a call (the one place a call's seed is decided)."""
+        temperature, top_p = body.get("temperature"), body.get("top_p")
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if temperature is None else temperature,
             top_p=1.0 if top_p is None else top_p,
             stop=stop,
-            seed=seed,
+            seed=body.get("seed"),
             top_logprobs=top_logprobs,
-        )
-
-    def _info(
-        self,
-        api: str,
-        operation: str,
-        request_model: str | None,
-        rid: str,
-        stream: bool,
-        start_ns: int,
-        spec: CallSpec,
-        inputs: Any,
-    ) -> CallInfo:
-        return CallInfo(
-            api,
-            operation,
-            request_model,
-            self.backend.model_name,
-            rid,
-            stream,
-            start_ns,
-            time.time_ns(),
-            spec.params.temperature,
-            spec.params.top_p,
-            spec.max_tokens_requested,
-            inputs,
         )
 
     # --- /v1/models -------------------------------------------------------------------------
@@ -296,242 +264,35 @@ class _Gateway:
         data = [{"id": m, "object": "model", "created": now, "owned_by": "lightning"} for m in names]
         return JSONResponse({"object": "list", "data": data})
 
-    # --- /v1/chat/completions ---------------------------------------------------------------
-    def chat(self, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
+    # --- every model call -----------------------------------------------------------------
+    def handle(self, api: _API, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
+        """A model call of any API: validate it, plan the backend calls, then answer at once (one
+        future, resolved from the backend's callback) or as a stream."""
         start_ns = time.time_ns()
-        self.requests["chat.completions"] += 1
+        self.requests[api.name] += 1
         try:
             body = _body(raw)
-            check_chat_request(body)
+            api.check(body)
             model = self._model(body.get("model"), ctx)
-            n: int = body.get("n") or 1
-            requested: int | None = body.get("max_completion_tokens") or body.get("max_tokens")
-            param = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
-            max_tokens = self._limits(n, requested, param)
-            messages: list[dict[str, Any]] = [
-                dict(m, content=_content_text(m["content"])) if isinstance(m.get("content"), list) else m
-                for m in body["messages"]
-            ]
-            want_lp = bool(body.get("logprobs"))
-            params = self._params(
-                body.get("temperature"),
-                body.get("top_p"),
-                max_tokens,
-                _stop_list(body),
-                body.get("seed"),
-                (body.get("top_logprobs") or 0) if want_lp else 0,
-            )
-            spec = CallSpec(
-                "chat",
-                params,
-                n,
-                requested,
-                messages=messages,
-                tools=body.get("tools") or None,
-                tool_choice=body.get("tool_choice"),
-                want_logprobs=want_lp,
-                body=body,
-                role=ctx.role,
-                affinity=ctx.rollout_id,
-            )
-            rid = new_call_id("chatcmpl-")
-            created = int(time.time())
+            specs = api.plan(self, body, ctx)
+            call = _Call(api, ctx, body, model, new_call_id(api.id_prefix), int(time.time()), start_ns, specs)
             if body.get("stream"):
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
-                def chunks(pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
-                    return self._chat_chunks(pieces, acc, rid, created, model, want_lp, include_usage)
-
-                return self._stream(
-                    chunks, n, ctx, "chat.completions", "chat", body.get("model"), rid, start_ns, spec, body["messages"]
-                )
-            request_model, inputs = body.get("model"), body["messages"]
-
-            def finish(result: CallResult) -> bytes:
-                info = self._info("chat.completions", "chat", request_model, rid, False, start_ns, spec, inputs)
-                self.recorder.record(ctx, info, result)
-                return dumpb(fmt.chat_response(rid, created, model, result, want_lp))
-
-            return self._call(partial(self._start_call, spec), finish)
+                return self._stream(call)
+            if len(specs) == 1:
+                return self._call(partial(self._start_call, specs[0]), partial(self._finish_one, call))
+            return self._call(partial(self._start_all, specs), partial(self._finish, call))
         except Exception as exc:
             return _ready(self._error(exc))
 
-    async def _chat_chunks(
-        self,
-        pieces: AsyncGenerator[StreamPiece],
-        acc: fmt.StreamAccumulator,
-        rid: str,
-        created: int,
-        model: str,
-        want_lp: bool,
-        include_usage: bool,
-    ) -> AsyncGenerator[str]:
-        started: set[int] = set()
-        async for piece in pieces:
-            acc.add(piece)
-            if piece.index < 0:
-                continue
-            first = piece.index not in started
-            started.add(piece.index)
-            yield fmt.chat_chunk(rid, created, model, piece, want_lp, acc, first=first)
-        if include_usage:
-            result = acc.result()
-            chunk = {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": fmt.usage(result.prompt_tokens, result.completion_tokens),
-            }
-            yield fmt.sse(chunk)
-        yield "data: [DONE]\n\n"
+    def _finish(self, call: _Call, results: list[CallResult]) -> bytes:
+        """Record the call's results and format its answer."""
+        served = self.backend.model_name
+        for spec, result in zip(call.specs, results, strict=True):
+            self.recorder.record(call.ctx, call.info(spec, served), result)
+        return dumpb(call.api.respond(call, results))
 
-    # --- /v1/completions --------------------------------------------------------------------
-    def completions(self, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
-        start_ns = time.time_ns()
-        self.requests["completions"] += 1
-        try:
-            body = _body(raw)
-            check_completion_request(body)
-            model = self._model(body.get("model"), ctx)
-            n = body.get("n") or 1
-            max_tokens = self._limits(n, body.get("max_tokens"))
-            prompts = _prompts(body["prompt"])
-            want_lp = body.get("logprobs") is not None
-            params = self._params(
-                body.get("temperature"),
-                body.get("top_p"),
-                max_tokens,
-                _stop_list(body),
-                body.get("seed"),
-                body.get("logprobs") or 0,
-            )
-            specs = [
-                CallSpec(
-                    "completion",
-                    params,
-                    n,
-                    body.get("max_tokens"),
-                    prompt=p,
-                    want_logprobs=want_lp,
-                    body=body,
-                    role=ctx.role,
-                    affinity=ctx.rollout_id,
-                )
-                for p in prompts
-            ]
-            rid = new_call_id("cmpl-")
-            created = int(time.time())
-            request_model = body.get("model")
-            if body.get("stream"):
-                spec = specs[0]  # one prompt (see validation)
-
-                async def chunks(
-                    pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator
-                ) -> AsyncGenerator[str]:
-                    async for piece in pieces:
-                        acc.add(piece)
-                        if piece.index >= 0:
-                            yield fmt.completion_chunk(rid, created, model, piece, want_lp, acc)
-                    yield "data: [DONE]\n\n"
-
-                return self._stream(
-                    chunks,
-                    n,
-                    ctx,
-                    "completions",
-                    "text_completion",
-                    body.get("model"),
-                    rid,
-                    start_ns,
-                    spec,
-                    spec.prompt,
-                )
-            request_model = body.get("model")
-
-            def finish(results: list[CallResult]) -> bytes:
-                for spec, result in zip(specs, results, strict=True):
-                    info = self._info(
-                        "completions", "text_completion", request_model, rid, False, start_ns, spec, spec.prompt
-                    )
-                    self.recorder.record(ctx, info, result)
-                return dumpb(fmt.completion_response(rid, created, model, results, n, want_lp))
-
-            return self._call(partial(self._start_all, specs), finish)
-        except Exception as exc:
-            return _ready(self._error(exc))
-
-    # --- /v1/responses ----------------------------------------------------------------------
-    def responses(self, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
-        start_ns = time.time_ns()
-        self.requests["responses"] += 1
-        try:
-            body = _body(raw)
-            check_responses_request(body)
-            req = body
-            model = self._model(req.get("model"), ctx)
-            max_tokens = self._limits(1, req.get("max_output_tokens"), "max_output_tokens")
-            messages = fmt.responses_messages(req)
-            tools = fmt.responses_tools(req.get("tools"))
-            tool_choice = fmt.responses_tool_choice(req.get("tool_choice"))
-            params = self._params(req.get("temperature"), req.get("top_p"), max_tokens, [], req.get("seed"), 0)
-            chat_body: dict[str, Any] = {
-                "model": req.get("model"),
-                "messages": messages,
-                "n": 1,
-                "max_tokens": max_tokens,
-            }
-            for key in ("temperature", "top_p", "seed", "parallel_tool_calls"):
-                if body.get(key) is not None:
-                    chat_body[key] = body[key]
-            if tools:
-                chat_body["tools"] = tools
-                if tool_choice is not None:
-                    chat_body["tool_choice"] = tool_choice
-            spec = CallSpec(
-                "chat",
-                params,
-                1,
-                req.get("max_output_tokens"),
-                messages=messages,
-                tools=tools,
-                tool_choice=tool_choice,
-                body=chat_body,
-                role=ctx.role,
-                affinity=ctx.rollout_id,
-            )
-            rid = new_call_id("resp_")
-            created = int(time.time())
-            if req.get("stream"):
-                events = fmt.ResponsesEvents(rid, created, model, req)
-
-                async def chunks(
-                    pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator
-                ) -> AsyncGenerator[str]:
-                    for event in events.start():
-                        yield event
-                    async for piece in pieces:
-                        acc.add(piece)
-                        if piece.index == 0:
-                            for event in events.text_delta(piece.text):
-                                yield event
-                    for event in events.finish(acc.result()):
-                        yield event
-
-                return self._stream(
-                    chunks, 1, ctx, "responses", "chat", req.get("model"), rid, start_ns, spec, messages
-                )
-
-            def finish(result: CallResult) -> bytes:
-                info = self._info("responses", "chat", req.get("model"), rid, False, start_ns, spec, messages)
-                self.recorder.record(ctx, info, result)
-                message_id = "msg_" + rid.removeprefix("resp_")[:24]
-                return dumpb(fmt.response_object(rid, created, model, req, result, message_id=message_id))
-
-            return self._call(partial(self._start_call, spec), finish)
-        except Exception as exc:
-            return _ready(self._error(exc))
+    def _finish_one(self, call: _Call, result: CallResult) -> bytes:
+        return self._finish(call, [result])
 
     # --- binding a call to its attempt -----------------------------------------------------
     def bound(self, handler: _Handler) -> _Handler:
@@ -686,21 +447,10 @@ class _Gateway:
 
         return chained()
 
-    async def _stream(
-        self,
-        make_chunks: Callable[[AsyncGenerator[StreamPiece], fmt.StreamAccumulator], AsyncGenerator[str]],
-        n: int,
-        ctx: CallContext,
-        api: str,
-        operation: str,
-        request_model: str | None,
-        rid: str,
-        start_ns: int,
-        spec: CallSpec,
-        inputs: Any,
-    ) -> Response:
+    async def _stream(self, call: _Call) -> Response:
         """A streamed answer: the backend's stream opened (its first piece in), as an SSE response
-        whose chunks ``make_chunks`` formats from the pieces; the call is recorded when it ends."""
+        whose chunks the API formats from the pieces; the call is recorded when it ends."""
+        spec = call.specs[0]  # one prompt (see validation)
         self.opening += 1
         try:
             pieces = await self._open_stream(spec)
@@ -708,8 +458,8 @@ class _Gateway:
             return self._error(exc)
         finally:
             self.opening -= 1
-        acc = fmt.StreamAccumulator(n)
-        chunks = make_chunks(pieces, acc)
+        acc = fmt.StreamAccumulator(spec.n)
+        chunks = call.api.chunks(call, pieces, acc)
 
         async def body() -> AsyncGenerator[str]:
             self.in_flight += 1
@@ -719,15 +469,14 @@ class _Gateway:
                     yield chunk
                 finished = True
             except Exception as exc:  # mid-stream failure: tell the client in-band, keep the server up
-                _log.warning("stream %s failed: %s", rid, exc)
+                _log.warning("stream %s failed: %s", call.rid, exc)
                 error = {"message": f"the stream failed: {exc}", "type": "server_error", "param": None, "code": None}
                 yield fmt.sse({"error": error})
             finally:
                 self.in_flight -= 1
                 await chunks.aclose()
                 if finished:
-                    info = self._info(api, operation, request_model, rid, True, start_ns, spec, inputs)
-                    self.recorder.record(ctx, info, acc.result())
+                    self.recorder.record(call.ctx, call.info(spec, self.backend.model_name), acc.result())
                 else:
                     self.streams_cancelled += 1
 
@@ -827,6 +576,178 @@ class _Gateway:
             return JSONResponse({"version": self.backend.version})
         except Exception as exc:
             return self._error(exc)
+
+
+# --------------------------------------------------------------------------------------------
+# The APIs: what differs between chat completions, completions and responses
+# --------------------------------------------------------------------------------------------
+
+_Plan = Callable[["_Gateway", dict[str, Any], CallContext], list[CallSpec]]
+_Chunks = Callable[["_Call", AsyncGenerator[StreamPiece], fmt.StreamAccumulator], AsyncGenerator[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class _API:
+    """One model-call API, described by what ``_Gateway.handle`` cannot share between them."""
+
+    name: str
+    """The API as metrics and spans name it (``chat.completions``)."""
+    operation: str
+    """The span's ``gen_ai.operation.name``."""
+    id_prefix: str
+    check: Callable[[dict[str, Any]], None]
+    """Its validation pass (``validation``)."""
+    plan: _Plan
+    """The backend calls a valid body asks for (one per prompt)."""
+    respond: Callable[[_Call, list[CallResult]], dict[str, Any]]
+    """The non-streamed answer, from one result per call."""
+    chunks: _Chunks
+    """The streamed answer's server-sent events, from the backend's pieces."""
+
+
+@dataclass(slots=True)
+class _Call:
+    """One request's facts, shared by the steps that answer and record it."""
+
+    api: _API
+    ctx: CallContext
+    body: dict[str, Any]
+    model: str
+    """The model name answered (see ``_Gateway._model``)."""
+    rid: str
+    created: int
+    start_ns: int
+    specs: list[CallSpec]
+
+    def info(self, spec: CallSpec, served_model: str) -> CallInfo:
+        """What the request asked for, for the span of ``spec``'s call."""
+        return CallInfo(
+            self.api.name,
+            self.api.operation,
+            self.body.get("model"),
+            served_model,
+            self.rid,
+            bool(self.body.get("stream")),
+            self.start_ns,
+            time.time_ns(),
+            spec.params.temperature,
+            spec.params.top_p,
+            spec.max_tokens_requested,
+            spec.prompt if spec.api == "completion" else spec.body["messages"],
+        )
+
+
+def _chat_plan(gw: _Gateway, body: dict[str, Any], ctx: CallContext) -> list[CallSpec]:
+    n: int = body.get("n") or 1
+    requested: int | None = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = gw.limits(n, requested, "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens")
+    want_lp = bool(body.get("logprobs"))
+    messages: list[dict[str, Any]] = [
+        dict(m, content=_content_text(m["content"])) if isinstance(m.get("content"), list) else m
+        for m in body["messages"]
+    ]
+    params = gw.params(body, max_tokens, _stop_list(body), (body.get("top_logprobs") or 0) if want_lp else 0)
+    tools, choice = body.get("tools") or None, body.get("tool_choice")
+    return [
+        CallSpec("chat", params, n, requested, messages, tools, choice, None, want_lp, body, ctx.role, ctx.rollout_id)
+    ]
+
+
+def _completion_plan(gw: _Gateway, body: dict[str, Any], ctx: CallContext) -> list[CallSpec]:
+    n: int = body.get("n") or 1
+    requested: int | None = body.get("max_tokens")
+    params = gw.params(body, gw.limits(n, requested), _stop_list(body), body.get("logprobs") or 0)
+    want_lp = body.get("logprobs") is not None
+    return [
+        CallSpec(
+            "completion",
+            params,
+            n,
+            requested,
+            prompt=p,
+            want_logprobs=want_lp,
+            body=body,
+            role=ctx.role,
+            affinity=ctx.rollout_id,
+        )
+        for p in _prompts(body["prompt"])
+    ]
+
+
+def _responses_plan(gw: _Gateway, body: dict[str, Any], ctx: CallContext) -> list[CallSpec]:
+    """A Responses call as the chat call it is served by (its ``body`` is what an upstream gets)."""
+    requested: int | None = body.get("max_output_tokens")
+    max_tokens = gw.limits(1, requested, "max_output_tokens")
+    messages = fmt.responses_messages(body)
+    tools = fmt.responses_tools(body.get("tools"))
+    choice = fmt.responses_tool_choice(body.get("tool_choice"))
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "n": 1, "max_tokens": max_tokens}
+    chat.update(
+        (k, body[k]) for k in ("temperature", "top_p", "seed", "parallel_tool_calls") if body.get(k) is not None
+    )
+    if tools:
+        chat["tools"] = tools
+        if choice is not None:
+            chat["tool_choice"] = choice
+    params = gw.params(body, max_tokens, [], 0)
+    return [
+        CallSpec("chat", params, 1, requested, messages, tools, choice, None, False, chat, ctx.role, ctx.rollout_id)
+    ]
+
+
+def _chat_respond(call: _Call, results: list[CallResult]) -> dict[str, Any]:
+    return fmt.chat_response(call.rid, call.created, call.model, results[0], call.specs[0].want_logprobs)
+
+
+def _completion_respond(call: _Call, results: list[CallResult]) -> dict[str, Any]:
+    spec = call.specs[0]
+    return fmt.completion_response(call.rid, call.created, call.model, results, spec.n, spec.want_logprobs)
+
+
+def _responses_respond(call: _Call, results: list[CallResult]) -> dict[str, Any]:
+    message_id = "msg_" + call.rid.removeprefix("resp_")[:24]
+    return fmt.response_object(call.rid, call.created, call.model, call.body, results[0], message_id=message_id)
+
+
+async def _chunks(call: _Call, pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
+    """Chat and completions streams: a chunk per piece, the usage when asked, then ``[DONE]``."""
+    spec = call.specs[0]
+    started: set[int] = set()
+    async for piece in pieces:
+        acc.add(piece)
+        if piece.index >= 0:
+            yield fmt.stream_chunk(
+                call.rid, call.created, call.model, spec, piece, acc, first=piece.index not in started
+            )
+            started.add(piece.index)
+    if (call.body.get("stream_options") or {}).get("include_usage"):
+        result = acc.result()
+        yield fmt.usage_chunk(call.rid, call.created, call.model, spec, result)
+    yield "data: [DONE]\n\n"
+
+
+async def _responses_chunks(
+    call: _Call, pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator
+) -> AsyncGenerator[str]:
+    events = fmt.ResponsesEvents(call.rid, call.created, call.model, call.body)
+    for event in events.start():
+        yield event
+    async for piece in pieces:
+        acc.add(piece)
+        if piece.index == 0:
+            for event in events.text_delta(piece.text):
+                yield event
+    for event in events.finish(acc.result()):
+        yield event
+
+
+_CHAT = _API("chat.completions", "chat", "chatcmpl-", check_chat_request, _chat_plan, _chat_respond, _chunks)
+_COMPLETIONS = _API(
+    "completions", "text_completion", "cmpl-", check_completion_request, _completion_plan, _completion_respond, _chunks
+)
+_RESPONSES = _API(
+    "responses", "chat", "resp_", check_responses_request, _responses_plan, _responses_respond, _responses_chunks
+)
 
 
 def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
@@ -990,9 +911,9 @@ def create_gateway_app(
         app.max_body_bytes = context_bound
         app.max_body_why = "no longer body can hold a prompt that fits the model's context"
     app.calls = {
-        "chat": gw.bound(gw.chat),
-        "completions": gw.bound(gw.completions),
-        "responses": gw.bound(gw.responses),
+        "chat": gw.bound(partial(gw.handle, _CHAT)),
+        "completions": gw.bound(partial(gw.handle, _COMPLETIONS)),
+        "responses": gw.bound(partial(gw.handle, _RESPONSES)),
     }
     for prefix in _PREFIXES:  # the model calls are answered by app.call_for, before the router
         app.add_route(prefix + "/v1/models", gw.models, methods=["GET"], include_in_schema=False)

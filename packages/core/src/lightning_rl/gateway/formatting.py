@@ -13,15 +13,16 @@ from typing import Any
 
 from lightning_rl.engine.base import ParsedToolCall
 from lightning_rl.gateway.protocol import GatewayHTTPError, dumps
-from lightning_rl.gateway.upstreams import CallResult, ChoiceResult, StreamPiece
+from lightning_rl.gateway.upstreams import CallResult, CallSpec, ChoiceResult, StreamPiece
 
 __all__ = [
     "usage",
     "chat_message",
     "chat_response",
-    "chat_chunk",
+    "chat_delta",
     "completion_response",
-    "completion_chunk",
+    "stream_chunk",
+    "usage_chunk",
     "StreamAccumulator",
     "responses_messages",
     "responses_tools",
@@ -84,38 +85,13 @@ def chat_response(rid: str, created: int, model: str, result: CallResult, want_l
     }
 
 
-def chat_chunk(
-    rid: str,
-    created: int,
-    model: str,
-    piece: StreamPiece,
-    want_logprobs: bool,
-    acc: StreamAccumulator,
-    *,
-    first: bool = False,
-) -> str:
+def chat_delta(piece: StreamPiece, *, first: bool) -> dict[str, Any]:
     delta: dict[str, Any] = {"role": "assistant", "content": piece.text} if first else {"content": piece.text}
     if piece.tool_call_deltas:
         delta["tool_calls"] = piece.tool_call_deltas
         if not piece.text:
             delta.pop("content")
-    choice: dict[str, Any] = {
-        "index": piece.index,
-        "delta": delta,
-        "logprobs": {"content": piece.logprob_entries or []} if want_logprobs else None,
-        "finish_reason": piece.finish_reason,
-    }
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
-    if piece.finish_reason is not None:
-        choice["token_ids"] = acc.token_ids(piece.index)
-        chunk["prompt_token_ids"] = acc.prompt_ids
-    return sse(chunk)
+    return delta
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,26 +147,37 @@ def completion_response(
     return body
 
 
-def completion_chunk(
-    rid: str, created: int, model: str, piece: StreamPiece, want_logprobs: bool, acc: StreamAccumulator
+def stream_chunk(
+    rid: str, created: int, model: str, spec: CallSpec, piece: StreamPiece, acc: StreamAccumulator, *, first: bool
 ) -> str:
-    choice: dict[str, Any] = {
-        "index": piece.index,
-        "text": piece.text,
-        "logprobs": _legacy_logprobs(piece.logprob_entries) if want_logprobs else None,
-        "finish_reason": piece.finish_reason,
-    }
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
+    """The chunk of a chat or completions stream that carries ``piece``; the last piece of a choice
+    also carries the choice's token ids and the prompt's."""
+    chat = spec.api == "chat"
+    choice: dict[str, Any] = {"index": piece.index}
+    if chat:
+        choice["delta"] = chat_delta(piece, first=first)
+        choice["logprobs"] = {"content": piece.logprob_entries or []} if spec.want_logprobs else None
+    else:
+        choice["text"] = piece.text
+        choice["logprobs"] = _legacy_logprobs(piece.logprob_entries) if spec.want_logprobs else None
+    choice["finish_reason"] = piece.finish_reason
+    chunk = _envelope(rid, created, model, chat, [choice])
     if piece.finish_reason is not None:
         choice["token_ids"] = acc.token_ids(piece.index)
         chunk["prompt_token_ids"] = acc.prompt_ids
     return sse(chunk)
+
+
+def usage_chunk(rid: str, created: int, model: str, spec: CallSpec, result: CallResult) -> str:
+    """The last chunk of a stream whose client asked for ``stream_options.include_usage``."""
+    chunk = _envelope(rid, created, model, spec.api == "chat", [])
+    chunk["usage"] = usage(result.prompt_tokens, result.completion_tokens)
+    return sse(chunk)
+
+
+def _envelope(rid: str, created: int, model: str, chat: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
 
 
 # --------------------------------------------------------------------------------------------
