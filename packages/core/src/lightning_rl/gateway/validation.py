@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from lightning_rl.gateway.protocol import GatewayHTTPError
@@ -43,23 +44,20 @@ _MAX_STOP = 4
 _MAX_LOGIT_BIAS = 300
 
 
+_KINDS: tuple[tuple[type, str], ...] = (
+    (type(None), "null"),
+    (bool, "a boolean"),  # before int: a bool is an int to Python, not to JSON
+    (int, "an integer"),
+    (float, "a decimal"),
+    (str, "a string"),
+    (list, "an array"),
+    (dict, "an object"),
+)
+
+
 def _kind(value: Any) -> str:
     """The JSON type of ``value`` as OpenAI's messages name it ("a string", "an integer" …)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a decimal"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    return next((name for t, name in _KINDS if isinstance(value, t)), type(value).__name__)
 
 
 def invalid_type(param: str, expected: str, value: Any) -> GatewayHTTPError:
@@ -100,6 +98,14 @@ def _string(obj: dict[str, Any], key: str, param: str, *, required: bool = False
     if not isinstance(value, str):
         raise invalid_type(param, "a string", value)
     return value
+
+
+def _objects(items: list[Any], param: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The items of an array of objects with their paths (``messages[0]``), refusing any other item."""
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise invalid_type(f"{param}[{i}]", "an object", item)
+        yield f"{param}[{i}]", item  # pyright: ignore[reportUnknownArgumentType]
 
 
 # --- fields shared by the APIs -----------------------------------------------------------------
@@ -211,10 +217,7 @@ def _check_content(message: dict[str, Any], param: str, role: str) -> None:
         return
     if not isinstance(content, list):
         raise invalid_type(param, "one of a string or array of objects", content)
-    for j, part in enumerate(content):
-        where = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_type(where, "an object", part)
+    for where, part in _objects(content, param):
         kind = part.get("type")
         if kind is None:
             raise missing_parameter(f"{where}.type")
@@ -232,10 +235,7 @@ def _check_tool_calls(message: dict[str, Any], param: str) -> None:
         return
     if not isinstance(calls, list):
         raise invalid_type(param, "an array", calls)
-    for j, call in enumerate(calls):
-        where = f"{param}[{j}]"
-        if not isinstance(call, dict):
-            raise invalid_type(where, "an object", call)
+    for where, call in _objects(calls, param):
         _string(call, "id", f"{where}.id", required=True)
         fn = call.get("function")
         if fn is None:
@@ -254,10 +254,7 @@ def _check_messages(body: dict[str, Any]) -> None:
         raise invalid_type("messages", "an array", messages)
     if not messages:
         raise invalid_value("messages", "the array is empty; send at least one message.")
-    for i, message in enumerate(messages):
-        param = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid_type(param, "an object", message)
+    for param, message in _objects(messages, "messages"):
         role = message.get("role")
         if role is None:
             raise missing_parameter(f"{param}.role")
@@ -274,36 +271,39 @@ def _check_messages(body: dict[str, Any]) -> None:
             _check_tool_calls(message, f"{param}.tool_calls")
 
 
-def _check_tools(body: dict[str, Any]) -> list[str]:
-    """The tools' names (to check ``tool_choice`` against)."""
+def _check_tools(body: dict[str, Any], *, responses: bool = False) -> list[str]:
+    """The function tools' names (to check ``tool_choice`` against). Chat nests a tool's fields in
+    ``function``; the Responses API has them flat, and other tool types (refused later, see
+    ``_check_servable``)."""
     tools = body.get("tools")
     if tools is None:
         return []
     if not isinstance(tools, list):
         raise invalid_type("tools", "an array", tools)
     names: list[str] = []
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid_type(param, "an object", tool)
-        kind = tool.get("type", "function")
+    for param, tool in _objects(tools, "tools"):
+        kind = tool.get("type") if responses else tool.get("type", "function")
+        if kind is None and responses:
+            raise missing_parameter(f"{param}.type")
         if kind != "function":
+            if responses:
+                continue
             raise invalid_value(f"{param}.type", f"'{kind}'. Supported values are: 'function'.")
-        fn = tool.get("function")
+        fn, where = (tool, param) if responses else (tool.get("function"), f"{param}.function")
         if fn is None:
-            raise missing_parameter(f"{param}.function")
+            raise missing_parameter(where)
         if not isinstance(fn, dict):
-            raise invalid_type(f"{param}.function", "an object", fn)
-        name = _string(fn, "name", f"{param}.function.name", required=True)
-        assert name is not None
-        if not _TOOL_NAME.match(name):
+            raise invalid_type(where, "an object", fn)
+        name = _string(fn, "name", f"{where}.name", required=True) or ""
+        if not responses and not _TOOL_NAME.match(name):
             raise invalid_value(
-                f"{param}.function.name",
+                f"{where}.name",
                 f"{name!r} does not match '^[a-zA-Z0-9_-]{{1,64}}$' (letters, digits, '_' and '-', at most 64).",
             )
-        _string(fn, "description", f"{param}.function.description")
+        if not responses:
+            _string(fn, "description", f"{where}.description")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            raise invalid_type(f"{param}.function.parameters", "an object", fn["parameters"])
+            raise invalid_type(f"{where}.parameters", "an object", fn["parameters"])
         names.append(name)
     return names
 
@@ -365,15 +365,23 @@ def _check_token_ids(ids: list[Any], param: str) -> None:
             raise invalid_type(f"{param}[{i}]", "a non-negative integer (a token id)", token)
 
 
+def _text_or_array(body: dict[str, Any], key: str, expected: str) -> list[Any] | None:
+    """The required ``body[key]`` when it is an array, ``None`` when it is a string."""
+    value = body.get(key)
+    if value is None:
+        raise missing_parameter(key)
+    if isinstance(value, str):
+        return None
+    if not isinstance(value, list):
+        raise invalid_type(key, expected, value)
+    return value  # pyright: ignore[reportUnknownVariableType]
+
+
 def _check_prompt(body: dict[str, Any]) -> None:
     """``prompt``: a string, an array of token ids, or an array of strings or of token-id arrays."""
-    prompt = body.get("prompt")
+    prompt = _text_or_array(body, "prompt", "a string or an array")
     if prompt is None:
-        raise missing_parameter("prompt")
-    if isinstance(prompt, str):
         return
-    if not isinstance(prompt, list):
-        raise invalid_type("prompt", "a string or an array", prompt)
     if not prompt:
         raise invalid_value("prompt", "the array is empty; send text or token ids.")
     first = prompt[0]
@@ -412,17 +420,8 @@ def check_completion_request(body: dict[str, Any]) -> None:
 
 
 def _check_input(body: dict[str, Any]) -> None:
-    items = body.get("input")
-    if items is None:
-        raise missing_parameter("input")
-    if isinstance(items, str):
-        return
-    if not isinstance(items, list):
-        raise invalid_type("input", "one of a string or array of input items", items)
-    for i, item in enumerate(items):
-        param = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise invalid_type(param, "an object", item)
+    items = _text_or_array(body, "input", "one of a string or array of input items")
+    for param, item in _objects(items or [], "input"):
         kind = item.get("type") or "message"
         if kind == "message":
             role = item.get("role")
@@ -437,9 +436,8 @@ def _check_input(body: dict[str, Any]) -> None:
                 raise missing_parameter(f"{param}.content")
             if not isinstance(content, str | list):
                 raise invalid_type(f"{param}.content", "one of a string or array of objects", content)
-            for j, part in enumerate(content if isinstance(content, list) else []):
-                if not isinstance(part, dict):
-                    raise invalid_type(f"{param}.content[{j}]", "an object", part)
+            if isinstance(content, list):
+                list(_objects(content, f"{param}.content"))  # every part an object
         elif kind == "function_call":
             _string(item, "call_id", f"{param}.call_id", required=True)
             _string(item, "name", f"{param}.name", required=True)
@@ -448,26 +446,6 @@ def _check_input(body: dict[str, Any]) -> None:
             _string(item, "call_id", f"{param}.call_id", required=True)
             if item.get("output") is None:
                 raise missing_parameter(f"{param}.output")
-
-
-def _check_responses_tools(body: dict[str, Any]) -> list[str]:
-    tools = body.get("tools")
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise invalid_type("tools", "an array", tools)
-    names: list[str] = []
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid_type(param, "an object", tool)
-        if tool.get("type") is None:
-            raise missing_parameter(f"{param}.type")
-        if tool.get("type") == "function":
-            names.append(_string(tool, "name", f"{param}.name", required=True) or "")
-            if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
-                raise invalid_type(f"{param}.parameters", "an object", tool["parameters"])
-    return names
 
 
 def check_responses_request(body: dict[str, Any]) -> None:
@@ -490,7 +468,7 @@ def check_responses_request(body: dict[str, Any]) -> None:
     _check_input(body)
     _string(body, "instructions", "instructions")
     _check_sampling(body, max_tokens_keys=("max_output_tokens",))
-    _check_tool_choice(body, _check_responses_tools(body), responses=True)
+    _check_tool_choice(body, _check_tools(body, responses=True), responses=True)
     _check_int(body, "top_logprobs", 0, 20)
     _check_bool(body, "parallel_tool_calls")
     _check_object(body, "metadata")
