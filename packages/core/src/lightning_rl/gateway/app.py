@@ -39,19 +39,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from lightning_rl._serving import FastHandler
+from lightning_rl._serving import FastHandler, send_json
+from lightning_rl.credentials import bearer_header_matches
 from lightning_rl.engine.base import InferenceEngine, SamplingParams
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.gateway import formatting as fmt
 from lightning_rl.gateway._asgi import (
     CallKind,
-    bearer_ok,
     body_too_large,
     call_context,
     content_length,
     match_call,
     read_body,
-    send_json,
 )
 from lightning_rl.gateway._weights import weights_file
 from lightning_rl.gateway.binding import AttemptBinder
@@ -768,6 +767,10 @@ class _GatewayApp(FastAPI):
     """What set ``max_body_bytes`` when it is not the operator's setting (the model's context)."""
     calls: dict[CallKind, _Handler]
 
+    def _token_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether the request carries the agents' token (always, when the gateway has none)."""
+        return self.expected_auth is None or bearer_header_matches(headers, self.expected_auth)
+
     def _refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> Response | None:
         """The answer to a request refused before any work (a missing or wrong token, a body above
         the limit by its ``Content-Length``), else ``None``."""
@@ -779,10 +782,10 @@ class _GatewayApp(FastAPI):
                     "$LIGHTNING_GATEWAY_ADMIN_TOKEN) and send it as 'Authorization: Bearer <admin token>'."
                 )
                 return error_response(403, msg, type="permission_error", code="admin_disabled")
-            if not bearer_ok(headers, self.admin_auth):
+            if not bearer_header_matches(headers, self.admin_auth):
                 msg = "missing or wrong admin token: send 'Authorization: Bearer <the gateway's admin token>'."
                 return error_response(401, msg, type="authentication_error", code="invalid_api_key")
-        elif self.expected_auth is not None and path != "/health" and not bearer_ok(headers, self.expected_auth):
+        elif path != "/health" and not self._token_ok(headers):
             msg = "missing or wrong API key: send 'Authorization: Bearer <the gateway token>'."
             return error_response(401, msg, type="authentication_error", code="invalid_api_key")
         size = content_length(headers)
@@ -840,7 +843,7 @@ class _GatewayApp(FastAPI):
         """The model-call routes for the serving protocol's fast path (``lightning_rl._serving``);
         ``None`` sends the request through ``__call__`` (other routes, a missing or wrong token, a
         body without ``Content-Length`` or above the limit: ``__call__`` counts or refuses it)."""
-        if self.expected_auth is not None and not bearer_ok(headers, self.expected_auth):
+        if not self._token_ok(headers):
             return None
         size = content_length(headers)
         if size is None or size > self.max_body_bytes:
@@ -902,8 +905,8 @@ def create_gateway_app(
     app.state.gateway = gw
     if admin_token is not None and (not admin_token or admin_token == token):
         raise ValueError("admin_token must be non-empty and differ from token (the key agents hold).")
-    app.expected_auth = f"Bearer {token}".encode() if token else None
-    app.admin_auth = f"Bearer {admin_token}".encode() if admin_token else None
+    app.expected_auth = token.encode() if token else None
+    app.admin_auth = admin_token.encode() if admin_token else None
     app.max_body_bytes = config.max_body_bytes
     bound = getattr(gw.backend, "body_bound", None)
     context_bound = bound() if callable(bound) else None
