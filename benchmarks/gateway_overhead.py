@@ -81,11 +81,14 @@ def serve_gateway(port: int, upstream: str, store_url: str) -> None:
     from lightning_rl.gateway import UpstreamBackend, create_gateway_app, uvicorn_config
     from lightning_rl.gateway.server import freeze_startup_heap, run_server
     from lightning_rl.store import open_store
-    from lightning_rl.types import RolloutRequest, Task
+    from lightning_rl.types import RolloutConfig, RolloutRequest, Task
 
     async def main() -> None:
         store = await open_store(store_url)  # as `lightning-rl gateway serve --store` opens it
-        await store.enqueue([RolloutRequest(id="bench", task=Task(input=0))])
+        # no worker heartbeats this attempt: a run longer than the default 60 s (a loaded host) would
+        # end it and every later call would be refused (409)
+        forever = RolloutConfig(heartbeat_timeout_s=86_400.0)
+        await store.enqueue([RolloutRequest(id="bench", task=Task(input=0), config=forever)])
         [claim] = await store.claim("bench-worker")
         app = create_gateway_app(UpstreamBackend(upstream, model="fake-model"), store=store)
         print(f"ATTEMPT {claim.attempt.id} {claim.attempt.gateway_key}", flush=True)

@@ -155,7 +155,6 @@ async def _call_spans(app: Any) -> list[Any]:
     from lightning_rl import semconv as sc
 
     gateway = app.state.gateway
-    await gateway.recorder.drain()
     if gateway.writer is not None:
         await gateway.writer.flush(timeout=30)
     return await gateway.store.query_spans(name=sc.SPAN_LLM_CALL)

@@ -39,12 +39,13 @@ import importlib.util
 import os
 import urllib.parse
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any, Protocol, cast
 
 __all__ = [
     "wait_until_serving",
+    "send_json",
     "http_protocol",
     "FastHandler",
     "FastRoutes",
@@ -78,6 +79,14 @@ async def wait_until_serving(server: Any, task: asyncio.Task[Any], host: str, wh
     bound = server.servers[0].sockets[0].getsockname()
     display = f"[{host}]" if ":" in host else host
     return f"http://{display}:{bound[1]}"
+
+
+async def send_json(send: Any, status: int, body: bytes, extra_headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """Answer an ASGI request with a JSON body of known length (no chunked encoding, one socket
+    write fewer per response); the gateway's and the store server's hot paths both answer so."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra_headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def fast_path_refusal() -> str | None:

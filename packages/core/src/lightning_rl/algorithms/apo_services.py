@@ -40,7 +40,6 @@ class APOServices:
 
     async def flush_spans(self, timeout_s: float = 60.0) -> None:
         """Wait until every model call the gateway served so far is recorded in the store."""
-        await self.gateway.recorder.drain()
         if self.gateway.writer is not None:
             await self.gateway.writer.flush(timeout=timeout_s)
 

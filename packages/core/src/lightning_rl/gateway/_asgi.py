@@ -13,11 +13,10 @@ server's ``_StoreRoutes``). ``_GatewayApp.call_for`` is their one entry point: s
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterable
 from typing import Literal
 
-from starlette.types import Receive, Send
+from starlette.types import Receive
 
 from lightning_rl.gateway.protocol import GatewayHTTPError
 from lightning_rl.gateway.recording import CallContext
@@ -29,8 +28,6 @@ __all__ = [
     "content_length",
     "body_too_large",
     "read_body",
-    "send_json",
-    "bearer_ok",
     "CALL_PATHS",
 ]
 
@@ -44,7 +41,6 @@ CALL_PATHS: dict[str, CallKind] = {
 """The model-call routes, as served without a rollout prefix."""
 
 _TAILS: dict[str, CallKind] = {path.removeprefix("/v1/"): kind for path, kind in CALL_PATHS.items()}
-_JSON_HEADER = (b"content-type", b"application/json")
 
 
 def match_call(path: str) -> tuple[CallKind, str | None, str | None, str | None, str | None] | None:
@@ -165,22 +161,3 @@ async def read_body(receive: Receive, limit: int | None = None, why: str | None 
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-async def send_json(send: Send, status: int, body: bytes) -> None:
-    """Answer with a JSON body of known length (no chunked encoding)."""
-    headers = [_JSON_HEADER, (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def bearer_ok(headers: Iterable[tuple[bytes, bytes]], expected: bytes) -> bool:
-    """Whether the headers carry ``Authorization: <expected>`` (compared in constant time)."""
-    given = b""
-    for key, value in headers:
-        if key == b"authorization":
-            given = value
-            break
-    if given[:7].lower() == b"bearer ":  # the auth scheme is case-insensitive (RFC 7235)
-        given = b"Bearer " + given[7:]
-    return hmac.compare_digest(given, expected)

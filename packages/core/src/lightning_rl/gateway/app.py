@@ -35,38 +35,26 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from lightning_rl._serving import FastHandler
+from lightning_rl._serving import FastHandler, send_json
+from lightning_rl.credentials import bearer_header_matches
 from lightning_rl.engine.base import InferenceEngine, SamplingParams
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.gateway import formatting as fmt
 from lightning_rl.gateway._asgi import (
     CallKind,
-    bearer_ok,
     body_too_large,
     call_context,
     content_length,
     match_call,
     read_body,
-    send_json,
 )
 from lightning_rl.gateway._weights import weights_file
 from lightning_rl.gateway.binding import AttemptBinder
-from lightning_rl.gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GatewayHTTPError,
-    ResponsesRequest,
-    dumpb,
-    error_response,
-    loads,
-    new_call_id,
-    validation_message,
-)
+from lightning_rl.gateway.protocol import GatewayHTTPError, dumpb, error_response, loads, new_call_id
 from lightning_rl.gateway.recording import CallContext, CallInfo, Recorder
 from lightning_rl.gateway.upstreams import (
     CallResult,
@@ -85,7 +73,6 @@ from lightning_rl.store.writer import SpanWriter
 __all__ = ["GatewayConfig", "create_gateway_app"]
 
 _log = logging.getLogger(__name__)
-_M = TypeVar("_M", bound=BaseModel)
 _T = TypeVar("_T")
 
 #: Model names frameworks send by default; they are mapped to the served model.
@@ -160,18 +147,18 @@ def _body(raw: bytes) -> dict[str, Any]:
     try:
         data = loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayHTTPError(400, f"the request body is not valid JSON ({exc}); send a JSON object.") from exc
+        msg = f"the request body is not valid JSON ({exc}); send a JSON object."
+        raise GatewayHTTPError(400, msg, code="invalid_json") from exc
     if not isinstance(data, dict):
-        raise GatewayHTTPError(400, "the request body must be a JSON object.")
+        raise GatewayHTTPError(400, "the request body must be a JSON object.", code="invalid_type")
     return data
 
 
-def _validate(model: type[_M], body: dict[str, Any]) -> _M:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise GatewayHTTPError(400, message, param=param) from exc
+def _stop_list(body: dict[str, Any]) -> list[str]:
+    stop: str | list[str] | None = body.get("stop")
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else [s for s in stop if s]
 
 
 def _ready(response: Response) -> asyncio.Future[bytes | Response]:
@@ -187,9 +174,9 @@ def _failure(exc: BaseException) -> Response:
     if isinstance(exc, LightningError):
         status = http_status(exc)
         if status != 500:
-            return error_response(status, str(exc))
+            return error_response(status, str(exc), code="invalid_value" if status == 400 else None)
     if isinstance(exc, ValueError):
-        return error_response(400, str(exc))
+        return error_response(400, str(exc), code="invalid_value")
     if isinstance(exc, ConnectionError):
         return error_response(503, str(exc), type="service_unavailable")
     _log.exception("gateway error", exc_info=exc)
@@ -197,17 +184,10 @@ def _failure(exc: BaseException) -> Response:
 
 
 def _content_text(content: Any) -> Any:
-    """Chat content parts (``[{"type": "text", "text": ...}]``) as one string for the chat template."""
+    """Chat content parts (``[{"type": "text", "text": ...}]``, checked by ``validation``) as one
+    string for the chat template."""
     if isinstance(content, list):
-        out: list[str] = []
-        for part in content:
-            if isinstance(part, dict):
-                if part.get("type") in ("image_url", "input_audio", "file"):
-                    raise GatewayHTTPError(400, "this model accepts text only; remove image, audio and file parts.")
-                out.append(str(part.get("text") or ""))
-            else:
-                out.append(str(part))
-        return "".join(out)
+        return "".join(str(part.get("text") or part.get("refusal") or "") for part in content)  # pyright: ignore
     return content
 
 
@@ -221,12 +201,17 @@ class _Gateway:
         self.store = store
         self.config = config
         self.writer = writer
-        self.recorder = Recorder(writer, store)
+        self.recorder = Recorder(writer)
         self.binder = AttemptBinder(store, config.attempt_check_s) if store is not None else None
         self.requests: Counter[str] = Counter()
         self.errors: Counter[int] = Counter()
         self.streams_cancelled = 0
         self.in_flight = 0
+        self.opening = 0
+        """Streams being opened (their first piece awaited): in flight, not yet counted in ``in_flight``."""
+        self.held = 0
+        self._resumed: asyncio.Future[None] | None = None
+        """Set while paused (see ``pause``): the calls that arrive wait for it."""
         # optional: a non-streamed call reported through a callback, no task (see GatewayBackend)
         start_call: Callable[[CallSpec, OnResult], None] | None = getattr(backend, "start_call", None)
         self._start_call = start_call or self._run_in_task
@@ -253,28 +238,22 @@ class _Gateway:
             code="model_not_found",
         )
 
-    def _limits(self, n: int, max_tokens: int | None, param: str = "max_tokens") -> int:
+    def limits(self, n: int, max_tokens: int | None, param: str = "max_tokens") -> int:
         cfg = self.config
         if n > cfg.max_n:
-            raise GatewayHTTPError(400, f"n={n} is above this gateway's limit of {cfg.max_n}.", param="n")
+            msg = f"n={n} is above this gateway's limit of {cfg.max_n}."
+            raise GatewayHTTPError(400, msg, param="n", code="invalid_value")
         if max_tokens is not None and max_tokens > cfg.max_tokens_limit:
-            raise GatewayHTTPError(
-                400,
-                f"{param}={max_tokens} is above this gateway's limit of {cfg.max_tokens_limit}.",
-                param=param,
-            )
+            msg = f"{param}={max_tokens} is above this gateway's limit of {cfg.max_tokens_limit}."
+            raise GatewayHTTPError(400, msg, param=param, code="invalid_value")
         return max_tokens or cfg.default_max_tokens or cfg.max_tokens_limit
 
-    def _params(
-        self,
-        temperature: float | None,
-        top_p: float | None,
-        max_tokens: int,
-        stop: list[str],
-        seed: int | None,
-        top_logprobs: int,
-        ctx: CallContext,
+    def params(
+        self, body: dict[str, Any], max_tokens: int, stop: list[str], top_logprobs: int, ctx: CallContext
     ) -> SamplingParams:
+        """The sampling parameters of a call (the one place a call's seed is decided: the body's, else
+        for a recorded call one derived from the run, the rollout and the call, ``config.call_seeds``)."""
+        temperature, top_p, seed = body.get("temperature"), body.get("top_p"), body.get("seed")
         seeds = self.config.call_seeds
         if seed is None and seeds is not None and ctx.rollout_id is not None:
             seed = seeds.next_seed(ctx.rollout_id, ctx.attempt_id)
@@ -287,32 +266,6 @@ class _Gateway:
             top_logprobs=top_logprobs,
         )
 
-    def _info(
-        self,
-        api: str,
-        operation: str,
-        request_model: str | None,
-        rid: str,
-        stream: bool,
-        start_ns: int,
-        spec: CallSpec,
-        inputs: Any,
-    ) -> CallInfo:
-        return CallInfo(
-            api,
-            operation,
-            request_model,
-            self.backend.model_name,
-            rid,
-            stream,
-            start_ns,
-            time.time_ns(),
-            spec.params.temperature,
-            spec.params.top_p,
-            spec.max_tokens_requested,
-            inputs,
-        )
-
     # --- /v1/models -------------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
         now = int(time.time())
@@ -320,215 +273,35 @@ class _Gateway:
         data = [{"id": m, "object": "model", "created": now, "owned_by": "lightning"} for m in names]
         return JSONResponse({"object": "list", "data": data})
 
-    # --- /v1/chat/completions ---------------------------------------------------------------
-    def chat(self, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
+    # --- every model call -----------------------------------------------------------------
+    def handle(self, api: _API, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
+        """A model call of any API: validate it, plan the backend calls, then answer at once (one
+        future, resolved from the backend's callback) or as a stream."""
         start_ns = time.time_ns()
-        self.requests["chat.completions"] += 1
+        self.requests[api.name] += 1
         try:
             body = _body(raw)
-            check_chat_request(body)
-            req = _validate(ChatCompletionRequest, body)
-            model = self._model(req.model, ctx)
-            n = req.n or 1
-            requested = req.max_completion_tokens or req.max_tokens
-            param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-            max_tokens = self._limits(n, requested, param)
-            messages = [
-                dict(m, content=_content_text(m["content"])) if isinstance(m.get("content"), list) else m
-                for m in req.messages
-            ]
-            want_lp = bool(req.logprobs)
-            params = self._params(
-                req.temperature,
-                req.top_p,
-                max_tokens,
-                req.stop_list(),
-                req.seed,
-                (req.top_logprobs or 0) if want_lp else 0,
-                ctx,
-            )
-            spec = CallSpec(
-                "chat",
-                params,
-                n,
-                requested,
-                messages=messages,
-                tools=req.tools or None,
-                tool_choice=req.tool_choice,
-                want_logprobs=want_lp,
-                body=body,
-                role=ctx.role,
-            )
-            rid = new_call_id("chatcmpl-")
-            created = int(time.time())
-            if req.stream:
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-                def chunks(pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
-                    return self._chat_chunks(pieces, acc, rid, created, model, want_lp, include_usage)
-
-                return self._stream(
-                    chunks, n, ctx, "chat.completions", "chat", req.model, rid, start_ns, spec, req.messages
-                )
-            request_model, inputs = req.model, req.messages
-
-            def finish(result: CallResult) -> bytes:
-                info = self._info("chat.completions", "chat", request_model, rid, False, start_ns, spec, inputs)
-                self.recorder.record(ctx, info, result)
-                return dumpb(fmt.chat_response(rid, created, model, result, want_lp))
-
-            return self._call(partial(self._start_call, spec), finish)
+            api.check(body)
+            model = self._model(body.get("model"), ctx)
+            specs = api.plan(self, body, ctx)
+            call = _Call(api, ctx, body, model, new_call_id(api.id_prefix), int(time.time()), start_ns, specs)
+            if body.get("stream"):
+                return self._stream(call)
+            if len(specs) == 1:
+                return self._call(partial(self._start_call, specs[0]), partial(self._finish_one, call))
+            return self._call(partial(self._start_all, specs), partial(self._finish, call))
         except Exception as exc:
             return _ready(self._error(exc))
 
-    async def _chat_chunks(
-        self,
-        pieces: AsyncGenerator[StreamPiece],
-        acc: fmt.StreamAccumulator,
-        rid: str,
-        created: int,
-        model: str,
-        want_lp: bool,
-        include_usage: bool,
-    ) -> AsyncGenerator[str]:
-        started: set[int] = set()
-        async for piece in pieces:
-            acc.add(piece)
-            if piece.index < 0:
-                continue
-            first = piece.index not in started
-            started.add(piece.index)
-            yield fmt.chat_chunk(rid, created, model, piece, want_lp, acc, first=first)
-        if include_usage:
-            result = acc.result()
-            chunk = {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": fmt.usage(result.prompt_tokens, result.completion_tokens),
-            }
-            yield fmt.sse(chunk)
-        yield "data: [DONE]\n\n"
+    def _finish(self, call: _Call, results: list[CallResult]) -> bytes:
+        """Record the call's results and format its answer."""
+        served = self.backend.model_name
+        for spec, result in zip(call.specs, results, strict=True):
+            self.recorder.record(call.ctx, call.info(spec, served), result)
+        return dumpb(call.api.respond(call, results))
 
-    # --- /v1/completions --------------------------------------------------------------------
-    def completions(self, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
-        start_ns = time.time_ns()
-        self.requests["completions"] += 1
-        try:
-            body = _body(raw)
-            check_completion_request(body)
-            req = _validate(CompletionRequest, body)
-            model = self._model(req.model, ctx)
-            n = req.n or 1
-            max_tokens = self._limits(n, req.max_tokens)
-            prompts = _prompts(req.prompt)
-            want_lp = req.logprobs is not None
-            params = self._params(
-                req.temperature, req.top_p, max_tokens, req.stop_list(), req.seed, req.logprobs or 0, ctx
-            )
-            specs = [
-                CallSpec(
-                    "completion", params, n, req.max_tokens, prompt=p, want_logprobs=want_lp, body=body, role=ctx.role
-                )
-                for p in prompts
-            ]
-            rid = new_call_id("cmpl-")
-            created = int(time.time())
-            if req.stream:
-                if len(specs) != 1:
-                    raise GatewayHTTPError(400, "streaming accepts a single prompt; send one request per prompt.")
-                spec = specs[0]
-
-                async def chunks(
-                    pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator
-                ) -> AsyncGenerator[str]:
-                    async for piece in pieces:
-                        acc.add(piece)
-                        if piece.index >= 0:
-                            yield fmt.completion_chunk(rid, created, model, piece, want_lp, acc)
-                    yield "data: [DONE]\n\n"
-
-                return self._stream(
-                    chunks, n, ctx, "completions", "text_completion", req.model, rid, start_ns, spec, spec.prompt
-                )
-            request_model = req.model
-
-            def finish(results: list[CallResult]) -> bytes:
-                for spec, result in zip(specs, results, strict=True):
-                    info = self._info(
-                        "completions", "text_completion", request_model, rid, False, start_ns, spec, spec.prompt
-                    )
-                    self.recorder.record(ctx, info, result)
-                return dumpb(fmt.completion_response(rid, created, model, results, n, want_lp))
-
-            return self._call(partial(self._start_all, specs), finish)
-        except Exception as exc:
-            return _ready(self._error(exc))
-
-    # --- /v1/responses ----------------------------------------------------------------------
-    def responses(self, raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
-        start_ns = time.time_ns()
-        self.requests["responses"] += 1
-        try:
-            body = _body(raw)
-            check_responses_request(body)
-            req = _validate(ResponsesRequest, body)
-            model = self._model(req.model, ctx)
-            max_tokens = self._limits(1, req.max_output_tokens, "max_output_tokens")
-            messages = fmt.responses_messages(req)
-            tools = fmt.responses_tools(req.tools)
-            tool_choice = fmt.responses_tool_choice(req.tool_choice)
-            params = self._params(req.temperature, req.top_p, max_tokens, [], req.seed, 0, ctx)
-            chat_body: dict[str, Any] = {"model": req.model, "messages": messages, "n": 1, "max_tokens": max_tokens}
-            for key in ("temperature", "top_p", "seed", "parallel_tool_calls"):
-                if body.get(key) is not None:
-                    chat_body[key] = body[key]
-            if tools:
-                chat_body["tools"] = tools
-                if tool_choice is not None:
-                    chat_body["tool_choice"] = tool_choice
-            spec = CallSpec(
-                "chat",
-                params,
-                1,
-                req.max_output_tokens,
-                messages=messages,
-                tools=tools,
-                tool_choice=tool_choice,
-                body=chat_body,
-                role=ctx.role,
-            )
-            rid = new_call_id("resp_")
-            created = int(time.time())
-            if req.stream:
-                events = fmt.ResponsesEvents(rid, created, model, req)
-
-                async def chunks(
-                    pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator
-                ) -> AsyncGenerator[str]:
-                    for event in events.start():
-                        yield event
-                    async for piece in pieces:
-                        acc.add(piece)
-                        if piece.index == 0:
-                            for event in events.text_delta(piece.text):
-                                yield event
-                    for event in events.finish(acc.result()):
-                        yield event
-
-                return self._stream(chunks, 1, ctx, "responses", "chat", req.model, rid, start_ns, spec, messages)
-
-            def finish(result: CallResult) -> bytes:
-                info = self._info("responses", "chat", req.model, rid, False, start_ns, spec, messages)
-                self.recorder.record(ctx, info, result)
-                message_id = "msg_" + rid.removeprefix("resp_")[:24]
-                return dumpb(fmt.response_object(rid, created, model, req, result, message_id=message_id))
-
-            return self._call(partial(self._start_call, spec), finish)
-        except Exception as exc:
-            return _ready(self._error(exc))
+    def _finish_one(self, call: _Call, result: CallResult) -> bytes:
+        return self._finish(call, [result])
 
     # --- binding a call to its attempt -----------------------------------------------------
     def bound(self, handler: _Handler) -> _Handler:
@@ -536,6 +309,8 @@ class _Gateway:
         ``binding``); calls that name no rollout, or a gateway without a store, are served as they are."""
 
         def call(raw: bytes, ctx: CallContext) -> Awaitable[bytes | Response]:
+            if self._resumed is not None:
+                return self._held(call, raw, ctx)
             binder = self.binder
             if ctx.rollout_id is None or binder is None:
                 return handler(raw, ctx)
@@ -554,6 +329,43 @@ class _Gateway:
             ctx = await binding
         except Exception as exc:
             return self._error(exc)
+        if self._resumed is not None:  # paused while the store was asked: wait like a new call
+            return await self._held(handler, raw, ctx)
+        return await handler(raw, ctx)
+
+    # --- pause and drain ------------------------------------------------------------------
+    async def pause(self, timeout_s: float | None = None) -> bool:
+        """Stop admitting model calls, then wait until the calls in flight have ended.
+
+        Calls that arrive while paused are held (not refused) and served after ``resume``, so a
+        weight swap between ``pause`` and ``resume`` loses no call and no call is answered partly
+        by the old weights and recorded under the new version. Returns whether every call in
+        flight ended within ``timeout_s`` (``None``: wait as long as it takes).
+        """
+        if self._resumed is None:
+            self._resumed = asyncio.get_running_loop().create_future()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        quiet = 0
+        while quiet < 2:  # twice in a row: a stream is counted only once its body starts
+            quiet = quiet + 1 if self.in_flight + self.opening == 0 else 0
+            if quiet < 2 and deadline is not None and time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    def resume(self) -> None:
+        """Admit calls again; the held ones go on."""
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None:
+            resumed.set_result(None)
+
+    async def _held(self, handler: _Handler, raw: bytes, ctx: CallContext) -> bytes | Response:
+        self.held += 1
+        try:
+            while self._resumed is not None:
+                await asyncio.shield(self._resumed)
+        finally:
+            self.held -= 1
         return await handler(raw, ctx)
 
     # --- non-streamed calls: callbacks, no task -------------------------------------------
@@ -644,27 +456,19 @@ class _Gateway:
 
         return chained()
 
-    async def _stream(
-        self,
-        make_chunks: Callable[[AsyncGenerator[StreamPiece], fmt.StreamAccumulator], AsyncGenerator[str]],
-        n: int,
-        ctx: CallContext,
-        api: str,
-        operation: str,
-        request_model: str | None,
-        rid: str,
-        start_ns: int,
-        spec: CallSpec,
-        inputs: Any,
-    ) -> Response:
+    async def _stream(self, call: _Call) -> Response:
         """A streamed answer: the backend's stream opened (its first piece in), as an SSE response
-        whose chunks ``make_chunks`` formats from the pieces; the call is recorded when it ends."""
+        whose chunks the API formats from the pieces; the call is recorded when it ends."""
+        spec = call.specs[0]  # one prompt (see validation)
+        self.opening += 1
         try:
             pieces = await self._open_stream(spec)
         except Exception as exc:
             return self._error(exc)
-        acc = fmt.StreamAccumulator(n)
-        chunks = make_chunks(pieces, acc)
+        finally:
+            self.opening -= 1
+        acc = fmt.StreamAccumulator(spec.n)
+        chunks = call.api.chunks(call, pieces, acc)
 
         async def body() -> AsyncGenerator[str]:
             self.in_flight += 1
@@ -674,15 +478,14 @@ class _Gateway:
                     yield chunk
                 finished = True
             except Exception as exc:  # mid-stream failure: tell the client in-band, keep the server up
-                _log.warning("stream %s failed: %s", rid, exc)
+                _log.warning("stream %s failed: %s", call.rid, exc)
                 error = {"message": f"the stream failed: {exc}", "type": "server_error", "param": None, "code": None}
                 yield fmt.sse({"error": error})
             finally:
                 self.in_flight -= 1
                 await chunks.aclose()
                 if finished:
-                    info = self._info(api, operation, request_model, rid, True, start_ns, spec, inputs)
-                    self.recorder.record(ctx, info, acc.result())
+                    self.recorder.record(call.ctx, call.info(spec, self.backend.model_name), acc.result())
                 else:
                     self.streams_cancelled += 1
 
@@ -714,9 +517,10 @@ class _Gateway:
             "requests_total": dict(self.requests),
             "errors_total": {str(k): v for k, v in self.errors.items()},
             "in_flight": self.in_flight,
+            "paused": int(self._resumed is not None),
+            "calls_held": self.held,
             "streams_cancelled_total": self.streams_cancelled,
             "calls_recorded_total": self.recorder.recorded,
-            "calls_unattributed_total": self.recorder.unattributed,
             "model_version": self.backend.version or 0,
         }
         if self.writer is not None:
@@ -732,6 +536,24 @@ class _Gateway:
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": self.backend.model_name, "version": self.backend.version})
+
+    async def admin_pause(self, request: Request) -> Response:
+        """``POST /admin/pause`` (``{"timeout_s": ...}`` optional): stop admitting calls and drain."""
+        try:
+            body = _body(await read_body(request.receive, self.config.max_body_bytes) or b"{}")
+            timeout_s = body.get("timeout_s")
+            if timeout_s is not None and (not isinstance(timeout_s, int | float) or timeout_s < 0):
+                raise GatewayHTTPError(400, "'timeout_s' must be a non-negative number of seconds.", param="timeout_s")
+            drained = await self.pause(timeout_s)
+            return JSONResponse({"paused": True, "drained": drained, "in_flight": self.in_flight + self.opening})
+        except Exception as exc:
+            return self._error(exc)
+
+    async def admin_resume(self, request: Request) -> Response:
+        """``POST /admin/resume``: admit calls again (the held ones first)."""
+        held = self.held
+        self.resume()
+        return JSONResponse({"paused": False, "released": held})
 
     async def admin_weights(self, request: Request) -> Response:
         """Swap weights (embedded engine) or record the upstream's new version: ``{"path", "version"}``.
@@ -765,22 +587,183 @@ class _Gateway:
             return self._error(exc)
 
 
+# --------------------------------------------------------------------------------------------
+# The APIs: what differs between chat completions, completions and responses
+# --------------------------------------------------------------------------------------------
+
+_Plan = Callable[["_Gateway", dict[str, Any], CallContext], list[CallSpec]]
+_Chunks = Callable[["_Call", AsyncGenerator[StreamPiece], fmt.StreamAccumulator], AsyncGenerator[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class _API:
+    """One model-call API, described by what ``_Gateway.handle`` cannot share between them."""
+
+    name: str
+    """The API as metrics and spans name it (``chat.completions``)."""
+    operation: str
+    """The span's ``gen_ai.operation.name``."""
+    id_prefix: str
+    check: Callable[[dict[str, Any]], None]
+    """Its validation pass (``validation``)."""
+    plan: _Plan
+    """The backend calls a valid body asks for (one per prompt)."""
+    respond: Callable[[_Call, list[CallResult]], dict[str, Any]]
+    """The non-streamed answer, from one result per call."""
+    chunks: _Chunks
+    """The streamed answer's server-sent events, from the backend's pieces."""
+
+
+@dataclass(slots=True)
+class _Call:
+    """One request's facts, shared by the steps that answer and record it."""
+
+    api: _API
+    ctx: CallContext
+    body: dict[str, Any]
+    model: str
+    """The model name answered (see ``_Gateway._model``)."""
+    rid: str
+    created: int
+    start_ns: int
+    specs: list[CallSpec]
+
+    def info(self, spec: CallSpec, served_model: str) -> CallInfo:
+        """What the request asked for, for the span of ``spec``'s call."""
+        return CallInfo(
+            self.api.name,
+            self.api.operation,
+            self.body.get("model"),
+            served_model,
+            self.rid,
+            bool(self.body.get("stream")),
+            self.start_ns,
+            time.time_ns(),
+            spec.params.temperature,
+            spec.params.top_p,
+            spec.max_tokens_requested,
+            spec.prompt if spec.api == "completion" else spec.body["messages"],
+        )
+
+
+def _chat_plan(gw: _Gateway, body: dict[str, Any], ctx: CallContext) -> list[CallSpec]:
+    n: int = body.get("n") or 1
+    requested: int | None = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = gw.limits(n, requested, "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens")
+    want_lp = bool(body.get("logprobs"))
+    messages: list[dict[str, Any]] = [
+        dict(m, content=_content_text(m["content"])) if isinstance(m.get("content"), list) else m
+        for m in body["messages"]
+    ]
+    params = gw.params(body, max_tokens, _stop_list(body), (body.get("top_logprobs") or 0) if want_lp else 0, ctx)
+    tools, choice = body.get("tools") or None, body.get("tool_choice")
+    return [
+        CallSpec("chat", params, n, requested, messages, tools, choice, None, want_lp, body, ctx.role, ctx.rollout_id)
+    ]
+
+
+def _completion_plan(gw: _Gateway, body: dict[str, Any], ctx: CallContext) -> list[CallSpec]:
+    n: int = body.get("n") or 1
+    requested: int | None = body.get("max_tokens")
+    params = gw.params(body, gw.limits(n, requested), _stop_list(body), body.get("logprobs") or 0, ctx)
+    want_lp = body.get("logprobs") is not None
+    return [
+        CallSpec(
+            "completion",
+            params,
+            n,
+            requested,
+            prompt=p,
+            want_logprobs=want_lp,
+            body=body,
+            role=ctx.role,
+            affinity=ctx.rollout_id,
+        )
+        for p in _prompts(body["prompt"])
+    ]
+
+
+def _responses_plan(gw: _Gateway, body: dict[str, Any], ctx: CallContext) -> list[CallSpec]:
+    """A Responses call as the chat call it is served by (its ``body`` is what an upstream gets)."""
+    requested: int | None = body.get("max_output_tokens")
+    max_tokens = gw.limits(1, requested, "max_output_tokens")
+    messages = fmt.responses_messages(body)
+    tools = fmt.responses_tools(body.get("tools"))
+    choice = fmt.responses_tool_choice(body.get("tool_choice"))
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "n": 1, "max_tokens": max_tokens}
+    chat.update(
+        (k, body[k]) for k in ("temperature", "top_p", "seed", "parallel_tool_calls") if body.get(k) is not None
+    )
+    if tools:
+        chat["tools"] = tools
+        if choice is not None:
+            chat["tool_choice"] = choice
+    params = gw.params(body, max_tokens, [], 0, ctx)
+    return [
+        CallSpec("chat", params, 1, requested, messages, tools, choice, None, False, chat, ctx.role, ctx.rollout_id)
+    ]
+
+
+def _chat_respond(call: _Call, results: list[CallResult]) -> dict[str, Any]:
+    return fmt.chat_response(call.rid, call.created, call.model, results[0], call.specs[0].want_logprobs)
+
+
+def _completion_respond(call: _Call, results: list[CallResult]) -> dict[str, Any]:
+    spec = call.specs[0]
+    return fmt.completion_response(call.rid, call.created, call.model, results, spec.n, spec.want_logprobs)
+
+
+def _responses_respond(call: _Call, results: list[CallResult]) -> dict[str, Any]:
+    message_id = "msg_" + call.rid.removeprefix("resp_")[:24]
+    return fmt.response_object(call.rid, call.created, call.model, call.body, results[0], message_id=message_id)
+
+
+async def _chunks(call: _Call, pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator) -> AsyncGenerator[str]:
+    """Chat and completions streams: a chunk per piece, the usage when asked, then ``[DONE]``."""
+    spec = call.specs[0]
+    started: set[int] = set()
+    async for piece in pieces:
+        acc.add(piece)
+        if piece.index >= 0:
+            yield fmt.stream_chunk(
+                call.rid, call.created, call.model, spec, piece, acc, first=piece.index not in started
+            )
+            started.add(piece.index)
+    if (call.body.get("stream_options") or {}).get("include_usage"):
+        result = acc.result()
+        yield fmt.usage_chunk(call.rid, call.created, call.model, spec, result)
+    yield "data: [DONE]\n\n"
+
+
+async def _responses_chunks(
+    call: _Call, pieces: AsyncGenerator[StreamPiece], acc: fmt.StreamAccumulator
+) -> AsyncGenerator[str]:
+    events = fmt.ResponsesEvents(call.rid, call.created, call.model, call.body)
+    for event in events.start():
+        yield event
+    async for piece in pieces:
+        acc.add(piece)
+        if piece.index == 0:
+            for event in events.text_delta(piece.text):
+                yield event
+    for event in events.finish(acc.result()):
+        yield event
+
+
+_CHAT = _API("chat.completions", "chat", "chatcmpl-", check_chat_request, _chat_plan, _chat_respond, _chunks)
+_COMPLETIONS = _API(
+    "completions", "text_completion", "cmpl-", check_completion_request, _completion_plan, _completion_respond, _chunks
+)
+_RESPONSES = _API(
+    "responses", "chat", "resp_", check_responses_request, _responses_plan, _responses_respond, _responses_chunks
+)
+
+
 def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
-    if isinstance(prompt, str):
-        return [prompt]
-    if not prompt:
-        raise GatewayHTTPError(400, "prompt is empty: send text or token ids.", param="prompt")
-    if all(isinstance(p, int) for p in prompt):
-        return [[int(p) for p in prompt]]  # type: ignore[union-attr]
-    out: list[str | list[int]] = []
-    for p in prompt:
-        if isinstance(p, str):
-            out.append(p)
-        elif isinstance(p, list):
-            if not p:
-                raise GatewayHTTPError(400, "a token-id prompt is empty.", param="prompt")
-            out.append([int(t) for t in p])
-    return out
+    """A completions ``prompt`` (checked by ``validation``) as one prompt per choice group."""
+    if isinstance(prompt, str) or isinstance(prompt[0], int):
+        return [prompt]  # pyright: ignore[reportReturnType]
+    return list(prompt)  # pyright: ignore[reportReturnType]
 
 
 class _GatewayApp(FastAPI):
@@ -794,6 +777,10 @@ class _GatewayApp(FastAPI):
     """What set ``max_body_bytes`` when it is not the operator's setting (the model's context)."""
     calls: dict[CallKind, _Handler]
 
+    def _token_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether the request carries the agents' token (always, when the gateway has none)."""
+        return self.expected_auth is None or bearer_header_matches(headers, self.expected_auth)
+
     def _refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> Response | None:
         """The answer to a request refused before any work (a missing or wrong token, a body above
         the limit by its ``Content-Length``), else ``None``."""
@@ -805,10 +792,10 @@ class _GatewayApp(FastAPI):
                     "$LIGHTNING_GATEWAY_ADMIN_TOKEN) and send it as 'Authorization: Bearer <admin token>'."
                 )
                 return error_response(403, msg, type="permission_error", code="admin_disabled")
-            if not bearer_ok(headers, self.admin_auth):
+            if not bearer_header_matches(headers, self.admin_auth):
                 msg = "missing or wrong admin token: send 'Authorization: Bearer <the gateway's admin token>'."
                 return error_response(401, msg, type="authentication_error", code="invalid_api_key")
-        elif self.expected_auth is not None and path != "/health" and not bearer_ok(headers, self.expected_auth):
+        elif path != "/health" and not self._token_ok(headers):
             msg = "missing or wrong API key: send 'Authorization: Bearer <the gateway token>'."
             return error_response(401, msg, type="authentication_error", code="invalid_api_key")
         size = content_length(headers)
@@ -866,7 +853,7 @@ class _GatewayApp(FastAPI):
         """The model-call routes for the serving protocol's fast path (``lightning_rl._serving``);
         ``None`` sends the request through ``__call__`` (other routes, a missing or wrong token, a
         body without ``Content-Length`` or above the limit: ``__call__`` counts or refuses it)."""
-        if self.expected_auth is not None and not bearer_ok(headers, self.expected_auth):
+        if not self._token_ok(headers):
             return None
         size = content_length(headers)
         if size is None or size > self.max_body_bytes:
@@ -915,7 +902,7 @@ def create_gateway_app(
         try:
             yield
         finally:
-            await gw.recorder.drain()
+            gw.resume()  # calls held by a pause are served before the backend closes
             if writer is not None:
                 if own_writer:
                     await writer.close(timeout=10.0)
@@ -928,8 +915,8 @@ def create_gateway_app(
     app.state.gateway = gw
     if admin_token is not None and (not admin_token or admin_token == token):
         raise ValueError("admin_token must be non-empty and differ from token (the key agents hold).")
-    app.expected_auth = f"Bearer {token}".encode() if token else None
-    app.admin_auth = f"Bearer {admin_token}".encode() if admin_token else None
+    app.expected_auth = token.encode() if token else None
+    app.admin_auth = admin_token.encode() if admin_token else None
     app.max_body_bytes = config.max_body_bytes
     bound = getattr(gw.backend, "body_bound", None)
     context_bound = bound() if callable(bound) else None
@@ -937,13 +924,15 @@ def create_gateway_app(
         app.max_body_bytes = context_bound
         app.max_body_why = "no longer body can hold a prompt that fits the model's context"
     app.calls = {
-        "chat": gw.bound(gw.chat),
-        "completions": gw.bound(gw.completions),
-        "responses": gw.bound(gw.responses),
+        "chat": gw.bound(partial(gw.handle, _CHAT)),
+        "completions": gw.bound(partial(gw.handle, _COMPLETIONS)),
+        "responses": gw.bound(partial(gw.handle, _RESPONSES)),
     }
     for prefix in _PREFIXES:  # the model calls are answered by app.call_for, before the router
         app.add_route(prefix + "/v1/models", gw.models, methods=["GET"], include_in_schema=False)
     app.add_route("/metrics", gw.metrics, methods=["GET"], include_in_schema=False)
     app.add_route("/health", gw.health, methods=["GET"], include_in_schema=False)
     app.add_route("/admin/weights", gw.admin_weights, methods=["POST"], include_in_schema=False)
+    app.add_route("/admin/pause", gw.admin_pause, methods=["POST"], include_in_schema=False)
+    app.add_route("/admin/resume", gw.admin_resume, methods=["POST"], include_in_schema=False)
     return app

@@ -22,7 +22,6 @@ import hmac
 import time
 from collections.abc import Awaitable
 from dataclasses import replace
-from typing import Any
 
 from lightning_rl.errors import NotFoundError
 from lightning_rl.gateway.protocol import GatewayHTTPError
@@ -156,6 +155,3 @@ class AttemptBinder:
         if ctx.attempt_id == attempt.id:
             return ctx
         return replace(ctx, attempt_id=attempt.id)
-
-    def stats(self) -> dict[str, Any]:
-        return {"attempts_cached": len(self._attempts)}

@@ -12,16 +12,17 @@ import os
 from typing import Any
 
 from lightning_rl.engine.base import ParsedToolCall
-from lightning_rl.gateway.protocol import GatewayHTTPError, ResponsesRequest, dumps
-from lightning_rl.gateway.upstreams import CallResult, ChoiceResult, StreamPiece
+from lightning_rl.gateway.protocol import GatewayHTTPError, dumps
+from lightning_rl.gateway.upstreams import CallResult, CallSpec, ChoiceResult, StreamPiece
 
 __all__ = [
     "usage",
     "chat_message",
     "chat_response",
-    "chat_chunk",
+    "chat_delta",
     "completion_response",
-    "completion_chunk",
+    "stream_chunk",
+    "usage_chunk",
     "StreamAccumulator",
     "responses_messages",
     "responses_tools",
@@ -84,38 +85,13 @@ def chat_response(rid: str, created: int, model: str, result: CallResult, want_l
     }
 
 
-def chat_chunk(
-    rid: str,
-    created: int,
-    model: str,
-    piece: StreamPiece,
-    want_logprobs: bool,
-    acc: StreamAccumulator,
-    *,
-    first: bool = False,
-) -> str:
+def chat_delta(piece: StreamPiece, *, first: bool) -> dict[str, Any]:
     delta: dict[str, Any] = {"role": "assistant", "content": piece.text} if first else {"content": piece.text}
     if piece.tool_call_deltas:
         delta["tool_calls"] = piece.tool_call_deltas
         if not piece.text:
             delta.pop("content")
-    choice: dict[str, Any] = {
-        "index": piece.index,
-        "delta": delta,
-        "logprobs": {"content": piece.logprob_entries or []} if want_logprobs else None,
-        "finish_reason": piece.finish_reason,
-    }
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
-    if piece.finish_reason is not None:
-        choice["token_ids"] = acc.token_ids(piece.index)
-        chunk["prompt_token_ids"] = acc.prompt_ids
-    return sse(chunk)
+    return delta
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,26 +147,37 @@ def completion_response(
     return body
 
 
-def completion_chunk(
-    rid: str, created: int, model: str, piece: StreamPiece, want_logprobs: bool, acc: StreamAccumulator
+def stream_chunk(
+    rid: str, created: int, model: str, spec: CallSpec, piece: StreamPiece, acc: StreamAccumulator, *, first: bool
 ) -> str:
-    choice: dict[str, Any] = {
-        "index": piece.index,
-        "text": piece.text,
-        "logprobs": _legacy_logprobs(piece.logprob_entries) if want_logprobs else None,
-        "finish_reason": piece.finish_reason,
-    }
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
+    """The chunk of a chat or completions stream that carries ``piece``; the last piece of a choice
+    also carries the choice's token ids and the prompt's."""
+    chat = spec.api == "chat"
+    choice: dict[str, Any] = {"index": piece.index}
+    if chat:
+        choice["delta"] = chat_delta(piece, first=first)
+        choice["logprobs"] = {"content": piece.logprob_entries or []} if spec.want_logprobs else None
+    else:
+        choice["text"] = piece.text
+        choice["logprobs"] = _legacy_logprobs(piece.logprob_entries) if spec.want_logprobs else None
+    choice["finish_reason"] = piece.finish_reason
+    chunk = _envelope(rid, created, model, chat, [choice])
     if piece.finish_reason is not None:
         choice["token_ids"] = acc.token_ids(piece.index)
         chunk["prompt_token_ids"] = acc.prompt_ids
     return sse(chunk)
+
+
+def usage_chunk(rid: str, created: int, model: str, spec: CallSpec, result: CallResult) -> str:
+    """The last chunk of a stream whose client asked for ``stream_options.include_usage``."""
+    chunk = _envelope(rid, created, model, spec.api == "chat", [])
+    chunk["usage"] = usage(result.prompt_tokens, result.completion_tokens)
+    return sse(chunk)
+
+
+def _envelope(rid: str, created: int, model: str, chat: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,9 +242,6 @@ class StreamAccumulator:
     def token_ids(self, index: int) -> list[int]:
         return self._choices[index].ids if index < len(self._choices) else []
 
-    def text(self, index: int) -> str:
-        return "".join(self._choices[index].content)
-
     def result(self) -> CallResult:
         choices: list[ChoiceResult] = []
         exact = self.prompt_ids is not None
@@ -309,23 +293,23 @@ def _content_text(content: Any) -> str:
                 text = part.get("text")
                 if isinstance(text, str):
                     parts.append(text)
-                elif part.get("type") in ("input_image", "input_file", "image_url"):
-                    raise GatewayHTTPError(400, "this model accepts text only; remove image and file inputs.")
             elif isinstance(part, str):
                 parts.append(part)
         return "".join(parts)
     return str(content)
 
 
-def responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """Responses ``instructions`` + ``input`` items as chat messages (function calls merged into turns)."""
+def responses_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """Responses ``instructions`` + ``input`` items (checked by ``validation``) as chat messages
+    (function calls merged into turns)."""
     messages: list[dict[str, Any]] = []
-    if req.instructions:
-        messages.append({"role": "system", "content": req.instructions})
-    if isinstance(req.input, str):
-        messages.append({"role": "user", "content": req.input})
+    if req.get("instructions"):
+        messages.append({"role": "system", "content": req["instructions"]})
+    items: str | list[dict[str, Any]] = req["input"]
+    if isinstance(items, str):
+        messages.append({"role": "user", "content": items})
         return messages
-    for item in req.input:
+    for item in items:
         kind = item.get("type") or "message"
         if kind == "message":
             role = str(item.get("role") or "user")
@@ -354,12 +338,9 @@ def responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                     "content": output if isinstance(output, str) else _content_text(output),
                 }
             )
-        elif kind in ("reasoning", "item_reference"):
-            continue  # nothing the model can consume here
-        else:
-            raise GatewayHTTPError(400, f"input item type {kind!r} is not supported; send messages and function calls.")
+        # "reasoning" and "item_reference" items: nothing the model can consume here
     if not messages or all(m["role"] == "system" for m in messages):
-        raise GatewayHTTPError(400, "input is empty: send at least one message.", param="input")
+        raise GatewayHTTPError(400, "input is empty: send at least one message.", param="input", code="invalid_value")
     return messages
 
 
@@ -367,11 +348,7 @@ def responses_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] 
     if not tools:
         return None
     out: list[dict[str, Any]] = []
-    for tool in tools:
-        if tool.get("type") != "function":
-            raise GatewayHTTPError(
-                400, f"tool type {tool.get('type')!r} is not supported; only function tools are.", param="tools"
-            )
+    for tool in tools:  # function tools only (see validation)
         fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -408,7 +385,7 @@ def response_object(
     rid: str,
     created: int,
     model: str,
-    req: ResponsesRequest,
+    req: dict[str, Any],
     result: CallResult | None,
     *,
     message_id: str,
@@ -443,20 +420,20 @@ def response_object(
         "status": status,
         "error": None,
         "incomplete_details": incomplete,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
+        "instructions": req.get("instructions"),
+        "max_output_tokens": req.get("max_output_tokens"),
         "model": model,
         "output": output,
-        "parallel_tool_calls": req.parallel_tool_calls if req.parallel_tool_calls is not None else True,
+        "parallel_tool_calls": req.get("parallel_tool_calls", True) is not False,
         "previous_response_id": None,
-        "temperature": req.temperature,
+        "temperature": req.get("temperature"),
         "text": {"format": {"type": "text"}},
-        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": req.tools or [],
-        "top_p": req.top_p,
+        "tool_choice": req.get("tool_choice") or "auto",
+        "tools": req.get("tools") or [],
+        "top_p": req.get("top_p"),
         "truncation": "disabled",
         "usage": usage_obj,
-        "metadata": req.metadata or {},
+        "metadata": req.get("metadata") or {},
         **extra,
     }
 
@@ -464,7 +441,7 @@ def response_object(
 class ResponsesEvents:
     """The server-sent events of a streamed Responses call, in the order the OpenAI API sends them."""
 
-    def __init__(self, rid: str, created: int, model: str, req: ResponsesRequest) -> None:
+    def __init__(self, rid: str, created: int, model: str, req: dict[str, Any]) -> None:
         self.rid, self.created, self.model, self.req = rid, created, model, req
         self.message_id = "msg_" + os.urandom(12).hex()
         self._seq = 0

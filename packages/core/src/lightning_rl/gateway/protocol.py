@@ -1,10 +1,4 @@
-"""The OpenAI request shapes the gateway accepts, and OpenAI-style errors.
-
-Frameworks send many fields we do not use (``user``, ``metadata``, ``parallel_tool_calls``,
-``store``, ``reasoning`` …); every model here ignores unknown fields instead of rejecting them, and
-accepts ``null`` wherever a client may send one. Values that are out of range are rejected with a
-400 whose message names the field, the way the OpenAI API answers.
-"""
+"""OpenAI-style errors, call ids and the gateway's JSON (the request checks are in ``validation``)."""
 
 from __future__ import annotations
 
@@ -12,85 +6,17 @@ import random
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import from_json, to_json
 from starlette.responses import Response
 
 __all__ = [
-    "StreamOptions",
-    "ChatCompletionRequest",
-    "CompletionRequest",
-    "ResponsesRequest",
     "GatewayHTTPError",
     "error_response",
-    "validation_message",
     "new_call_id",
     "dumps",
     "dumpb",
     "loads",
 ]
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class StreamOptions(_Request):
-    include_usage: bool | None = None
-
-
-class _Sampling(_Request):
-    model: str | None = None
-    n: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-
-    def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
-
-
-class ChatCompletionRequest(_Sampling):
-    """``POST /v1/chat/completions``."""
-
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-
-
-class CompletionRequest(_Sampling):
-    """``POST /v1/completions``: a text prompt, a token-id prompt, or a list of either."""
-
-    prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool | None = None
-
-
-class ResponsesRequest(_Request):
-    """``POST /v1/responses``: the part of the Responses API the OpenAI Agents SDK uses."""
-
-    model: str | None = None
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    parallel_tool_calls: bool | None = None
-    stream: bool | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
-    metadata: dict[str, Any] | None = None
 
 
 class GatewayHTTPError(Exception):
@@ -127,30 +53,6 @@ def error_response(
     """An error in the OpenAI format: ``{"error": {"message", "type", "param", "code"}}``."""
     body = {"error": {"message": message, "type": type, "param": param, "code": code}}
     return Response(dumps(body), status_code=status, media_type="application/json")
-
-
-def validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    """A one-line message for a pydantic error, and the (first) offending parameter."""
-    parts: list[str] = []
-    param: str | None = None
-    for err in exc.errors(include_url=False)[:5]:
-        loc = _param_path(err["loc"])
-        param = param or (str(err["loc"][0]) if err["loc"] else None)
-        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
-    return "invalid request: " + "; ".join(parts), param
-
-
-def _param_path(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location as OpenAI writes a parameter: ``messages[0].content``."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif out:
-            out += f".{part}"
-        else:
-            out = part
-    return out
 
 
 def new_call_id(prefix: str) -> str:

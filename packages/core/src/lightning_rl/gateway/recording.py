@@ -6,14 +6,13 @@ parsed tool calls with their ids (AIR joins tool results on them) and the respon
 their role spans on it). Spans are built without validation (every field is produced here) and
 submitted without awaiting the store, so recording costs microseconds.
 
-A call routed to a rollout without an attempt id is resolved to the rollout's running attempt by
-asking the store, in a background task, never on the request path.
+The gateway's ``AttemptBinder`` resolves every call of a rollout to its running attempt before the
+call is served, so a call reaching ``Recorder.record`` without an attempt id has no store to be
+recorded into and is only served.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import random
 from dataclasses import dataclass
@@ -24,9 +23,8 @@ from pydantic import BaseModel
 from lightning_rl import semconv as sc
 from lightning_rl.gateway.protocol import dumps
 from lightning_rl.gateway.upstreams import CallResult
-from lightning_rl.store.base import LightningStore
 from lightning_rl.store.writer import SpanWriter
-from lightning_rl.types import AttemptStatus, Span, SpanStatus
+from lightning_rl.types import Span, SpanStatus
 
 __all__ = [
     "CallContext",
@@ -39,7 +37,6 @@ __all__ = [
     "STREAM",
 ]
 
-_log = logging.getLogger(__name__)
 
 # Re-exported for callers that imported them from here.
 RESPONSE_TEXT = sc.RESPONSE_TEXT
@@ -57,10 +54,6 @@ class CallContext:
     role: str | None = None
     key: str | None = None
     """The attempt's key (``Attempt.gateway_key``) the call carried, checked before it is served."""
-
-    @property
-    def recorded(self) -> bool:
-        return self.rollout_id is not None
 
 
 @dataclass(slots=True)
@@ -174,43 +167,14 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
 
 
 class Recorder:
-    """Records calls made inside a rollout; calls outside any rollout are served and not recorded."""
+    """Records calls made inside a rollout's attempt; calls outside any rollout are served and not recorded."""
 
-    def __init__(self, writer: SpanWriter | None, store: LightningStore | None) -> None:
+    def __init__(self, writer: SpanWriter | None) -> None:
         self.writer = writer
-        self.store = store
         self.recorded = 0
-        self.unattributed = 0
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def record(self, ctx: CallContext, info: CallInfo, result: CallResult) -> None:
-        if self.writer is None or ctx.rollout_id is None:
+        if self.writer is None or ctx.attempt_id is None:
             return
-        if ctx.attempt_id is not None:
-            self.writer.submit_many(build_llm_spans(ctx, ctx.attempt_id, info, result))
-            self.recorded += len(result.choices)
-            return
-        task = asyncio.get_running_loop().create_task(self._resolve_and_record(ctx, info, result))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _resolve_and_record(self, ctx: CallContext, info: CallInfo, result: CallResult) -> None:
-        assert self.store is not None and self.writer is not None and ctx.rollout_id is not None
-        try:
-            attempts = await self.store.query_attempts(ctx.rollout_id)
-        except Exception as exc:  # the store is down or the rollout unknown: nothing to attach the span to
-            self.unattributed += len(result.choices)
-            _log.warning("could not find the attempt of rollout %s (%s); call not recorded.", ctx.rollout_id, exc)
-            return
-        running = [a for a in attempts if a.status is AttemptStatus.RUNNING] or attempts
-        if not running:
-            self.unattributed += len(result.choices)
-            _log.warning("rollout %s has no attempt; call not recorded.", ctx.rollout_id)
-            return
-        self.writer.submit_many(build_llm_spans(ctx, running[-1].id, info, result))
+        self.writer.submit_many(build_llm_spans(ctx, ctx.attempt_id, info, result))
         self.recorded += len(result.choices)
-
-    async def drain(self) -> None:
-        """Wait for pending attempt look-ups (at shutdown)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)

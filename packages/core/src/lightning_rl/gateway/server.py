@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from lightning_rl._serving import http_protocol
+from lightning_rl._serving import http_protocol, wait_until_serving
 from lightning_rl.gateway.inprocess import serving_in_process
 
 __all__ = ["running_gateway", "uvicorn_config", "http_protocol", "run_server", "freeze_startup_heap"]
@@ -92,15 +92,7 @@ async def running_gateway(
     server = uvicorn.Server(uvicorn_config(app, host, port, **uvicorn_options))
     task = asyncio.create_task(server.serve(), name=f"gateway-{host}:{port}")
     try:
-        while not server.started:
-            if task.done():
-                task.result()  # raises the start-up error (port in use, lifespan failure)
-                raise RuntimeError(f"the server on {host}:{port} stopped during start-up.")
-            await asyncio.sleep(0.01)
-        sockets = [s for srv in server.servers for s in srv.sockets]
-        bound_port = sockets[0].getsockname()[1] if sockets else port
-        shown = f"[{host}]" if ":" in host else host
-        url = f"http://{shown}:{bound_port}"
+        url = await wait_until_serving(server, task, host, f"the server on {host}:{port} stopped during start-up.")
         with serving_in_process(url, app):  # agents on this loop may skip the socket (see inprocess)
             yield url
     finally:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import ssl
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -39,6 +41,7 @@ __all__ = [
     "call_in_task",
     "EngineBackend",
     "UpstreamBackend",
+    "RetryPolicy",
 ]
 
 
@@ -67,6 +70,9 @@ class CallSpec:
     body: dict[str, Any] = field(default_factory=dict[str, Any])
     role: str | None = None
     """The agent role that made the call (the URL's ``/roles/...`` or ``X-Lightning-Role``), if any."""
+    affinity: str | None = None
+    """The rollout the call belongs to: a backend over several servers sends all of its calls to one
+    (``ReplicaUpstream``), whose prefix cache then holds the conversation."""
 
     @property
     def parse_tools(self) -> bool:
@@ -483,6 +489,67 @@ def _seeded(params: SamplingParams, i: int) -> SamplingParams:
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """When the gateway asks an upstream again instead of passing its failure on to the agent.
+
+    Only failures that mean no answer was given are retried: a refused or dropped connection and
+    the statuses in ``statuses`` (request timeout, conflict, rate limit, server errors); never a
+    timeout (a hung server would hold the call as long again). A stream is retried only before its
+    first piece went to the client: after that a retry would show the agent two answers. Retries
+    are capped per call (``tries``) and overall: each call earns ``budget`` of a retry, so a server
+    failing every call gets at most that fraction more load from retries, not a multiple of it.
+    """
+
+    tries: int = 3
+    """Tries per call in all (1: never retry)."""
+    backoff_s: float = 0.05
+    """Wait before the first retry; it doubles for each further one (jittered), up to ``max_backoff_s``."""
+    max_backoff_s: float = 2.0
+    budget: float = 0.2
+    """Retries earned per call."""
+    reserve: float = 10.0
+    """Retries available at start, and the most that can be saved up."""
+    statuses: frozenset[int] = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+class _RetryBudget:
+    """A token bucket of retries (see ``RetryPolicy``)."""
+
+    __slots__ = ("policy", "tokens", "retried")
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.tokens = policy.reserve
+        self.retried = 0
+
+    def earn(self) -> None:
+        self.tokens = min(self.policy.reserve, self.tokens + self.policy.budget)
+
+    def delay(self, tries: int, status: int, exc: BaseException | None) -> float | None:
+        """Seconds to wait before try ``tries + 1`` of a call that failed so; ``None``: no retry."""
+        policy = self.policy
+        if tries >= policy.tries or self.tokens < 1.0:
+            return None
+        if isinstance(exc, TimeoutError | httpx.TimeoutException) or (exc is None and status not in policy.statuses):
+            return None
+        self.tokens -= 1.0
+        self.retried += 1
+        backoff = min(policy.max_backoff_s, policy.backoff_s * 2 ** (tries - 1))
+        return backoff * (0.5 + random.random() / 2)
+
+
+@dataclass(slots=True)
+class _Try:
+    """A non-streamed upstream call between its tries."""
+
+    spec: CallSpec
+    path: str
+    content: bytes
+    on_done: OnResult
+    tries: int = 1
+
+
 class UpstreamBackend:
     """Forward calls to an OpenAI-compatible server (vLLM, or any other).
 
@@ -492,6 +559,9 @@ class UpstreamBackend:
         model: The upstream's model name; by default the first one ``/v1/models`` lists.
         timeout_s: Longest wait for one upstream call.
         max_connections: Connection-pool size towards the upstream.
+        retry: When a failed call is tried again (``RetryPolicy(tries=1)``: never).
+        verify: For an ``https://`` upstream: ``True`` (the system's CAs), a CA bundle's path, or an
+            ``ssl.SSLContext`` (a server with a private certificate).
     """
 
     def __init__(
@@ -502,11 +572,14 @@ class UpstreamBackend:
         model: str | None = None,
         timeout_s: float = 600.0,
         max_connections: int = 512,
+        retry: RetryPolicy | None = None,
+        verify: ssl.SSLContext | str | bool = True,
     ) -> None:
         base = url.rstrip("/")
         self.url = base[: -len("/v1")] if base.endswith("/v1") else base
         self._model = model
         self._version = 0
+        self.retries = _RetryBudget(retry or RetryPolicy())
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -515,6 +588,7 @@ class UpstreamBackend:
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            verify=verify,
         )
         # the hot non-streamed path uses a lean keep-alive client (see _http); https goes through httpx
         self._lean = (
@@ -522,6 +596,7 @@ class UpstreamBackend:
             if self.url.startswith("http://")
             else None
         )
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def model_name(self) -> str:
@@ -603,30 +678,42 @@ class UpstreamBackend:
 
     def start_call(self, spec: CallSpec, on_done: OnResult) -> None:
         """Start a non-streamed call; ``on_done(result, None)`` or ``on_done(None, error)`` is called
-        once when it ends. Over plain ``http://`` it is the lean client's callback: no task, no future."""
+        once when it ends, retries included. Over plain ``http://`` it is the lean client's
+        callback: no task, no future."""
         path, content = self._body(spec, stream=False)
+        self.retries.earn()
+        self._send(_Try(spec, path, content, on_done))
+
+    def _send(self, t: _Try) -> None:
         if self._lean is None:
-            call_in_task(self._post_httpx(spec, path, content), on_done)
+            task = asyncio.get_running_loop().create_task(self._post_httpx(t))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             return
-        self._lean.start(path, content, partial(self._answered, spec, on_done))
+        self._lean.start(t.path, t.content, partial(self._answered, t))
 
-    def _answered(self, spec: CallSpec, on_done: OnResult, status: int, raw: bytes, exc: BaseException | None) -> None:
+    def _answered(self, t: _Try, status: int, raw: bytes, exc: BaseException | None) -> None:
+        if (exc is not None or status >= 400) and (delay := self.retries.delay(t.tries, status, exc)) is not None:
+            t.tries += 1
+            asyncio.get_running_loop().call_later(delay, self._send, t)
+            return
         if exc is not None:
-            on_done(None, self._unavailable(exc))
+            t.on_done(None, self._unavailable(exc))
             return
         try:
-            result = self._result(spec, status, raw)
+            result = self._result(t.spec, status, raw)
         except Exception as error:
-            on_done(None, error)
+            t.on_done(None, error)
             return
-        on_done(result, None)
+        t.on_done(result, None)
 
-    async def _post_httpx(self, spec: CallSpec, path: str, content: bytes) -> CallResult:
+    async def _post_httpx(self, t: _Try) -> None:
         try:
-            resp = await self._client.post(path, content=content)
+            resp = await self._client.post(t.path, content=t.content)
         except httpx.TransportError as exc:
-            raise self._unavailable(exc) from exc
-        return self._result(spec, resp.status_code, resp.content)
+            self._answered(t, 0, b"", exc)
+            return
+        self._answered(t, resp.status_code, resp.content, None)
 
     def _result(self, spec: CallSpec, status: int, raw: bytes) -> CallResult:
         if status >= 400:
@@ -676,29 +763,45 @@ class UpstreamBackend:
 
     # --- streaming --------------------------------------------------------------------------
     async def stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]:
+        """A streamed call, retried (see ``RetryPolicy``) only until its first piece is yielded."""
         path, content = self._body(spec, stream=True)
-        try:
-            async with self._client.stream("POST", path, content=content) as resp:
-                if resp.status_code >= 400:
-                    raise self._upstream_error(resp.status_code, (await resp.aread()).decode(errors="replace"))
-                prompt_ids: list[int] | None = None
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    chunk: dict[str, Any] = loads(payload)
-                    if prompt_ids is None:
-                        prompt_ids = chunk.get("prompt_token_ids")
-                    for c in chunk.get("choices") or ():
-                        if prompt_ids is None:
-                            prompt_ids = c.get("prompt_token_ids")
-                        yield self._piece(spec, c, prompt_ids)
-                    if chunk.get("usage") and not chunk.get("choices"):
-                        yield StreamPiece(-1, usage=chunk["usage"], prompt_ids=prompt_ids)
-        except httpx.TransportError as exc:
-            raise self._unavailable(exc) from exc
+        self.retries.earn()
+        tries, sent = 1, False
+        while True:
+            try:
+                async with self._client.stream("POST", path, content=content) as resp:
+                    if resp.status_code < 400:
+                        async with contextlib.aclosing(self._pieces(spec, resp)) as pieces:
+                            async for piece in pieces:
+                                sent = True
+                                yield piece
+                        return
+                    text = (await resp.aread()).decode(errors="replace")
+                    if (delay := self.retries.delay(tries, resp.status_code, None)) is None:
+                        raise self._upstream_error(resp.status_code, text)
+            except httpx.TransportError as exc:
+                if sent or (delay := self.retries.delay(tries, 0, exc)) is None:
+                    raise self._unavailable(exc) from exc
+            tries += 1
+            await asyncio.sleep(delay)
+
+    async def _pieces(self, spec: CallSpec, resp: httpx.Response) -> AsyncGenerator[StreamPiece]:
+        prompt_ids: list[int] | None = None
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk: dict[str, Any] = loads(payload)
+            if prompt_ids is None:
+                prompt_ids = chunk.get("prompt_token_ids")
+            for c in chunk.get("choices") or ():
+                if prompt_ids is None:
+                    prompt_ids = c.get("prompt_token_ids")
+                yield self._piece(spec, c, prompt_ids)
+            if chunk.get("usage") and not chunk.get("choices"):
+                yield StreamPiece(-1, usage=chunk["usage"], prompt_ids=prompt_ids)
 
     def _piece(self, spec: CallSpec, c: dict[str, Any], prompt_ids: list[int] | None) -> StreamPiece:
         token_ids = c.get("token_ids")

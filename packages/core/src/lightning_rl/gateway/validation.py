@@ -1,12 +1,15 @@
-"""Request checks that answer bad input the way the OpenAI API does: a 400 naming the field.
+"""The one validation pass of each API: bad input answered the way the OpenAI API answers it.
 
-Pydantic models (``protocol``) check the sampling fields' types and ranges; what they cannot say in
-OpenAI's words is the structure of ``messages``, ``tools``, ``tool_choice``, ``logit_bias``,
-``stop`` and the Responses API's ``input``. Those are checked here, by hand, before the model is
-built, with the messages OpenAI uses (``Invalid type for 'messages[0].content': expected …``) and
-``param`` set to the offending path (``messages[0].role``), so a framework shows its user exactly
-what to fix. A request that passes is one the chat template and the engine can take: no client
-input reaches them malformed, so none can end in a 500.
+Every field the gateway reads is checked here, once, straight on the parsed JSON, and the
+handlers then read the body as it is. A refusal is a 400 with OpenAI's wording (``Invalid type
+for 'messages[0].content': expected …``), ``param`` set to the offending path
+(``messages[0].role``) and a ``code`` (``missing_required_parameter``, ``invalid_type``,
+``invalid_value``), so a framework shows its user exactly what to fix. Types are strict, as
+OpenAI's are: ``"5"`` and ``true`` are not integers. A request that passes is one the chat
+template and the engine can take: no client input reaches them malformed, so none can end in a 500.
+
+(There used to be a second pass, pydantic request models, after this one; where the two disagreed
+pydantic's wording leaked out with ``code: null``. One pass cannot disagree with itself.)
 
 Unknown fields are still ignored (frameworks send many we do not use); only the shape of the
 fields the gateway reads is enforced.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from lightning_rl.gateway.protocol import GatewayHTTPError
@@ -35,27 +39,25 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _PART_TYPES = ("text", "image_url", "input_audio", "file", "refusal")
+_TEXT_ONLY = "this model accepts text only; remove image, audio and file parts."
 _MAX_STOP = 4
 _MAX_LOGIT_BIAS = 300
 
 
+_KINDS: tuple[tuple[type, str], ...] = (
+    (type(None), "null"),
+    (bool, "a boolean"),  # before int: a bool is an int to Python, not to JSON
+    (int, "an integer"),
+    (float, "a decimal"),
+    (str, "a string"),
+    (list, "an array"),
+    (dict, "an object"),
+)
+
+
 def _kind(value: Any) -> str:
     """The JSON type of ``value`` as OpenAI's messages name it ("a string", "an integer" …)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a decimal"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    return next((name for t, name in _KINDS if isinstance(value, t)), type(value).__name__)
 
 
 def invalid_type(param: str, expected: str, value: Any) -> GatewayHTTPError:
@@ -98,6 +100,14 @@ def _string(obj: dict[str, Any], key: str, param: str, *, required: bool = False
     return value
 
 
+def _objects(items: list[Any], param: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The items of an array of objects with their paths (``messages[0]``), refusing any other item."""
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise invalid_type(f"{param}[{i}]", "an object", item)
+        yield f"{param}[{i}]", item  # pyright: ignore[reportUnknownArgumentType]
+
+
 # --- fields shared by the APIs -----------------------------------------------------------------
 
 
@@ -122,10 +132,10 @@ def _check_number(body: dict[str, Any], key: str, low: float, high: float) -> No
         raise invalid_value(key, f"{value} is out of range; it must be between {low:g} and {high:g}.")
 
 
-def _check_bool(body: dict[str, Any], key: str) -> None:
+def _check_bool(body: dict[str, Any], key: str, param: str | None = None) -> None:
     value = body.get(key)
     if value is not None and not isinstance(value, bool):
-        raise invalid_type(key, "a boolean", value)
+        raise invalid_type(param or key, "a boolean", value)
 
 
 def _check_object(body: dict[str, Any], key: str) -> None:
@@ -164,6 +174,16 @@ def _check_logit_bias(body: dict[str, Any]) -> None:
             raise invalid_value(f"logit_bias.{key}", f"{value} is out of range; it must be between -100 and 100.")
 
 
+def _check_ranges(body: dict[str, Any]) -> None:
+    """The finer rules on sampling fields, checked after the shape of the whole body (which fault a
+    body with several is answered about depends on this order; it is kept stable)."""
+    top_p = body.get("top_p")
+    if top_p is not None and top_p <= 0:
+        raise invalid_value("top_p", f"{top_p} is out of range; it must be greater than 0 and at most 1.")
+    if body.get("stream_options") is not None:
+        _check_bool(body["stream_options"], "include_usage", "stream_options.include_usage")
+
+
 def _check_sampling(body: dict[str, Any], *, max_tokens_keys: tuple[str, ...]) -> None:
     _check_int(body, "n", 1, 128)
     for key in max_tokens_keys:
@@ -197,18 +217,16 @@ def _check_content(message: dict[str, Any], param: str, role: str) -> None:
         return
     if not isinstance(content, list):
         raise invalid_type(param, "one of a string or array of objects", content)
-    for j, part in enumerate(content):
-        where = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_type(where, "an object", part)
+    for where, part in _objects(content, param):
         kind = part.get("type")
         if kind is None:
             raise missing_parameter(f"{where}.type")
         if kind not in _PART_TYPES:
             supported = ", ".join(f"'{t}'" for t in _PART_TYPES)
             raise invalid_value(f"{where}.type", f"'{kind}'. Supported values are: {supported}.")
-        if kind in ("text", "refusal"):
-            _string(part, kind, f"{where}.{kind}", required=True)
+        if kind not in ("text", "refusal"):
+            raise invalid_value(f"{where}.type", f"'{kind}': {_TEXT_ONLY}")
+        _string(part, kind, f"{where}.{kind}", required=True)
 
 
 def _check_tool_calls(message: dict[str, Any], param: str) -> None:
@@ -217,10 +235,7 @@ def _check_tool_calls(message: dict[str, Any], param: str) -> None:
         return
     if not isinstance(calls, list):
         raise invalid_type(param, "an array", calls)
-    for j, call in enumerate(calls):
-        where = f"{param}[{j}]"
-        if not isinstance(call, dict):
-            raise invalid_type(where, "an object", call)
+    for where, call in _objects(calls, param):
         _string(call, "id", f"{where}.id", required=True)
         fn = call.get("function")
         if fn is None:
@@ -239,10 +254,7 @@ def _check_messages(body: dict[str, Any]) -> None:
         raise invalid_type("messages", "an array", messages)
     if not messages:
         raise invalid_value("messages", "the array is empty; send at least one message.")
-    for i, message in enumerate(messages):
-        param = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid_type(param, "an object", message)
+    for param, message in _objects(messages, "messages"):
         role = message.get("role")
         if role is None:
             raise missing_parameter(f"{param}.role")
@@ -259,36 +271,39 @@ def _check_messages(body: dict[str, Any]) -> None:
             _check_tool_calls(message, f"{param}.tool_calls")
 
 
-def _check_tools(body: dict[str, Any]) -> list[str]:
-    """The tools' names (to check ``tool_choice`` against)."""
+def _check_tools(body: dict[str, Any], *, responses: bool = False) -> list[str]:
+    """The function tools' names (to check ``tool_choice`` against). Chat nests a tool's fields in
+    ``function``; the Responses API has them flat, and other tool types (refused later, see
+    ``_check_servable``)."""
     tools = body.get("tools")
     if tools is None:
         return []
     if not isinstance(tools, list):
         raise invalid_type("tools", "an array", tools)
     names: list[str] = []
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid_type(param, "an object", tool)
-        kind = tool.get("type", "function")
+    for param, tool in _objects(tools, "tools"):
+        kind = tool.get("type") if responses else tool.get("type", "function")
+        if kind is None and responses:
+            raise missing_parameter(f"{param}.type")
         if kind != "function":
+            if responses:
+                continue
             raise invalid_value(f"{param}.type", f"'{kind}'. Supported values are: 'function'.")
-        fn = tool.get("function")
+        fn, where = (tool, param) if responses else (tool.get("function"), f"{param}.function")
         if fn is None:
-            raise missing_parameter(f"{param}.function")
+            raise missing_parameter(where)
         if not isinstance(fn, dict):
-            raise invalid_type(f"{param}.function", "an object", fn)
-        name = _string(fn, "name", f"{param}.function.name", required=True)
-        assert name is not None
-        if not _TOOL_NAME.match(name):
+            raise invalid_type(where, "an object", fn)
+        name = _string(fn, "name", f"{where}.name", required=True) or ""
+        if not responses and not _TOOL_NAME.match(name):
             raise invalid_value(
-                f"{param}.function.name",
+                f"{where}.name",
                 f"{name!r} does not match '^[a-zA-Z0-9_-]{{1,64}}$' (letters, digits, '_' and '-', at most 64).",
             )
-        _string(fn, "description", f"{param}.function.description")
+        if not responses:
+            _string(fn, "description", f"{where}.description")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            raise invalid_type(f"{param}.function.parameters", "an object", fn["parameters"])
+            raise invalid_type(f"{where}.parameters", "an object", fn["parameters"])
         names.append(name)
     return names
 
@@ -336,14 +351,59 @@ def check_chat_request(body: dict[str, Any]) -> None:
             raise invalid_value(
                 "response_format.type", f"'{kind}'. Supported values are: 'text', 'json_object' and 'json_schema'."
             )
+    _check_ranges(body)
 
 
 # --- completions -------------------------------------------------------------------------------
 
 
+def _check_token_ids(ids: list[Any], param: str) -> None:
+    if not ids:
+        raise invalid_value(param, "a token-id prompt is empty; send at least one token id.")
+    for i, token in enumerate(ids):
+        if not _is_int(token) or token < 0:
+            raise invalid_type(f"{param}[{i}]", "a non-negative integer (a token id)", token)
+
+
+def _text_or_array(body: dict[str, Any], key: str, expected: str) -> list[Any] | None:
+    """The required ``body[key]`` when it is an array, ``None`` when it is a string."""
+    value = body.get(key)
+    if value is None:
+        raise missing_parameter(key)
+    if isinstance(value, str):
+        return None
+    if not isinstance(value, list):
+        raise invalid_type(key, expected, value)
+    return value  # pyright: ignore[reportUnknownVariableType]
+
+
+def _check_prompt(body: dict[str, Any]) -> None:
+    """``prompt``: a string, an array of token ids, or an array of strings or of token-id arrays."""
+    prompt = _text_or_array(body, "prompt", "a string or an array")
+    if prompt is None:
+        return
+    if not prompt:
+        raise invalid_value("prompt", "the array is empty; send text or token ids.")
+    first = prompt[0]
+    if _is_int(first):
+        _check_token_ids(prompt, "prompt")
+    elif isinstance(first, str):
+        for i, item in enumerate(prompt):
+            if not isinstance(item, str):
+                raise invalid_type(f"prompt[{i}]", "a string", item)
+    elif isinstance(first, list):
+        for i, item in enumerate(prompt):
+            if not isinstance(item, list):
+                raise invalid_type(f"prompt[{i}]", "an array of token ids", item)
+            _check_token_ids(item, f"prompt[{i}]")
+    else:
+        raise invalid_type("prompt[0]", "a string, a token id or an array of token ids", first)
+    if body.get("stream") is True and not _is_int(first) and len(prompt) > 1:
+        raise invalid_value("prompt", "streaming accepts a single prompt; send one request per prompt.")
+
+
 def check_completion_request(body: dict[str, Any]) -> None:
-    """Raise ``GatewayHTTPError`` for a completions body OpenAI would refuse (the prompt's shape is
-    checked by its pydantic model)."""
+    """Raise ``GatewayHTTPError`` (400, ``param`` set) for a completions body OpenAI would refuse."""
     if body.get("prompt") is None:
         raise missing_parameter("prompt")
     _check_sampling(body, max_tokens_keys=("max_tokens",))
@@ -351,23 +411,17 @@ def check_completion_request(body: dict[str, Any]) -> None:
     if logprobs is not None and not _is_int(logprobs):
         raise invalid_type("logprobs", "an integer", logprobs)
     _check_bool(body, "echo")
+    _check_ranges(body)
+    _check_prompt(body)
+    _check_int(body, "logprobs", 0, 20)
 
 
 # --- responses ---------------------------------------------------------------------------------
 
 
 def _check_input(body: dict[str, Any]) -> None:
-    items = body.get("input")
-    if items is None:
-        raise missing_parameter("input")
-    if isinstance(items, str):
-        return
-    if not isinstance(items, list):
-        raise invalid_type("input", "one of a string or array of input items", items)
-    for i, item in enumerate(items):
-        param = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise invalid_type(param, "an object", item)
+    items = _text_or_array(body, "input", "one of a string or array of input items")
+    for param, item in _objects(items or [], "input"):
         kind = item.get("type") or "message"
         if kind == "message":
             role = item.get("role")
@@ -382,9 +436,8 @@ def _check_input(body: dict[str, Any]) -> None:
                 raise missing_parameter(f"{param}.content")
             if not isinstance(content, str | list):
                 raise invalid_type(f"{param}.content", "one of a string or array of objects", content)
-            for j, part in enumerate(content if isinstance(content, list) else []):
-                if not isinstance(part, dict):
-                    raise invalid_type(f"{param}.content[{j}]", "an object", part)
+            if isinstance(content, list):
+                list(_objects(content, f"{param}.content"))  # every part an object
         elif kind == "function_call":
             _string(item, "call_id", f"{param}.call_id", required=True)
             _string(item, "name", f"{param}.name", required=True)
@@ -393,26 +446,6 @@ def _check_input(body: dict[str, Any]) -> None:
             _string(item, "call_id", f"{param}.call_id", required=True)
             if item.get("output") is None:
                 raise missing_parameter(f"{param}.output")
-
-
-def _check_responses_tools(body: dict[str, Any]) -> list[str]:
-    tools = body.get("tools")
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise invalid_type("tools", "an array", tools)
-    names: list[str] = []
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise invalid_type(param, "an object", tool)
-        if tool.get("type") is None:
-            raise missing_parameter(f"{param}.type")
-        if tool.get("type") == "function":
-            names.append(_string(tool, "name", f"{param}.name", required=True) or "")
-            if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
-                raise invalid_type(f"{param}.parameters", "an object", tool["parameters"])
-    return names
 
 
 def check_responses_request(body: dict[str, Any]) -> None:
@@ -435,7 +468,30 @@ def check_responses_request(body: dict[str, Any]) -> None:
     _check_input(body)
     _string(body, "instructions", "instructions")
     _check_sampling(body, max_tokens_keys=("max_output_tokens",))
-    _check_tool_choice(body, _check_responses_tools(body), responses=True)
+    _check_tool_choice(body, _check_tools(body, responses=True), responses=True)
     _check_int(body, "top_logprobs", 0, 20)
     _check_bool(body, "parallel_tool_calls")
     _check_object(body, "metadata")
+    _check_ranges(body)
+    _check_servable(body)
+
+
+_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "item_reference")
+
+
+def _check_servable(body: dict[str, Any]) -> None:
+    """What a well-formed Responses body may still ask and this gateway cannot serve: input items
+    of other types, image and file parts, tools other than functions."""
+    items = body["input"]
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        kind = item.get("type") or "message"
+        if kind not in _ITEM_TYPES:
+            supported = ", ".join(f"'{t}'" for t in _ITEM_TYPES)
+            raise invalid_value(f"input[{i}].type", f"{kind!r}. Supported values are: {supported}.")
+        content = item.get("content") if kind == "message" else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if part.get("type") in ("input_image", "input_file", "image_url"):
+                raise invalid_value(f"input[{i}].content[{j}].type", f"'{part['type']}': {_TEXT_ONLY}")
+    for i, tool in enumerate(body.get("tools") or []):
+        if tool["type"] != "function":
+            raise invalid_value(f"tools[{i}].type", f"{tool['type']!r}: only function tools are supported here.")

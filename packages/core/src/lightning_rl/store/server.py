@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lightning_rl._serving import http_protocol, wait_until_serving
+from lightning_rl._serving import http_protocol, send_json, wait_until_serving
 from lightning_rl.credentials import bearer_matches
 from lightning_rl.errors import InvalidRequestError, LightningError, http_status
 from lightning_rl.store import otlp
@@ -77,7 +77,6 @@ _JSON = "application/json"
 
 _Params = dict[str, str]
 _Handler = Callable[[LightningStore, Any, _Params], Awaitable[BaseModel | bytes]]
-_JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 class _TooLarge(Exception):
@@ -155,15 +154,6 @@ async def read_body(request: Request, limit: int, field: str) -> bytes:
     return b"".join(chunks)
 
 
-async def _send_json(
-    send: Send, status: int, body: bytes, extra_headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    # An explicit length spares the chunked encoding (and a third socket write per response).
-    headers = [*_JSON_HEADERS, (b"content-length", b"%d" % len(body)), *(extra_headers or ())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 class _BearerAuth:
     """Pure ASGI middleware: 401 unless ``Authorization: Bearer <token>`` matches (the scheme in any
     case, the token in constant time)."""
@@ -186,9 +176,7 @@ class _BearerAuth:
                     else "missing bearer token: this store requires `Authorization: Bearer <token>` "
                     "(StoreClient(url, token=...))."
                 )
-                await _send_json(
-                    send, 401, error_body("UnauthorizedError", message), [(b"www-authenticate", b"Bearer")]
-                )
+                await send_json(send, 401, error_body("UnauthorizedError", message), [(b"www-authenticate", b"Bearer")])
                 return
         await self.app(scope, receive, send)
 
@@ -262,10 +250,10 @@ class _StoreRoutes:
         for route in routes:
             if route.method == method:
                 status, body = await self._run(route, params, scope, receive)
-                await _send_json(send, status, body)
+                await send_json(send, status, body)
                 return
         allowed = ", ".join(r.method for r in routes)
-        await _send_json(send, 405, error_body("InvalidRequestError", f"{method} {path}: use {allowed}."))
+        await send_json(send, 405, error_body("InvalidRequestError", f"{method} {path}: use {allowed}."))
 
     async def _run(self, route: _Route, params: _Params, scope: Scope, receive: Receive) -> tuple[int, bytes]:
         try:

@@ -13,6 +13,7 @@ pre-serialised body: the benchmark uses it to measure the gateway's own overhead
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -37,11 +38,17 @@ class FakeToolCall:
 
 @dataclass
 class FakeReply:
-    """One scripted answer: text, tool calls, or both."""
+    """One scripted answer: text, tool calls, or both; or a failure of the server (chat only)."""
 
     text: str = ""
     tool_calls: list[FakeToolCall] = field(default_factory=list[FakeToolCall])
     finish_reason: str | None = None
+    status: int = 200
+    """Above 399: answer with this status and an OpenAI-shaped error whose message is ``text``."""
+    delay_s: float = 0.0
+    """Wait this long before answering (a slow or hung server)."""
+    cut_after: int | None = None
+    """Streamed: drop the connection after this many chunks (a server that dies mid-answer)."""
 
 
 def fake_token_ids(text: str) -> list[int]:
@@ -116,6 +123,11 @@ class FakeUpstream:
         n = int(body.get("n") or 1)
         replies = [self._next(body) for _ in range(n)]
         ids = self._ids(body)
+        if replies[0].delay_s:
+            await asyncio.sleep(replies[0].delay_s)
+        if replies[0].status >= 400:
+            error = {"message": replies[0].text, "type": "upstream_fake_error", "param": None, "code": None}
+            return JSONResponse({"error": error}, status_code=replies[0].status)
         if body.get("stream"):
             return StreamingResponse(self._chat_stream(body, prompt_ids, replies, ids), media_type="text/event-stream")
         choices: list[dict[str, Any]] = []
@@ -165,6 +177,7 @@ class FakeUpstream:
             first["prompt_token_ids"] = prompt_ids
         yield f"data: {json.dumps(first)}\n\n"
         total = 0
+        cut = replies[0].cut_after
         for i, r in enumerate(replies):
             data = r.text.encode()
             step = self.chunk_bytes
@@ -180,6 +193,8 @@ class FakeUpstream:
                     choice["token_ids"] = part
                 total += len(part)
                 yield f"data: {json.dumps(dict(base, choices=[choice]))}\n\n"
+                if cut is not None and start // step + 1 >= cut:
+                    raise ConnectionResetError("the fake upstream drops the stream (FakeReply.cut_after)")
             for k, c in enumerate(r.tool_calls):
                 args = json.dumps(c.arguments)
                 part = fake_token_ids(args)
