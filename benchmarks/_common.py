@@ -11,7 +11,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-__all__ = ["git_commit", "cpu_name", "per_step", "parse_seeds"]
+__all__ = ["git_commit", "cpu_name", "per_step", "parse_seeds", "generated_line"]
 
 
 def git_commit() -> str:
@@ -56,3 +56,17 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds:
         raise SystemExit(f"--seeds {text!r} names no seed; use e.g. 0-4 or 0,1,2")
     return seeds
+
+
+def generated_line(script: str, argv: list[str] | None, machine: str) -> str:
+    """The header of a pasted result: ``Generated <UTC time> at commit <sha> by `<command>` (<cpu>, <machine>).``
+
+    ``argv`` is what the script was given (``None``: ``sys.argv``); ``machine`` says what else
+    matters for the numbers (threads, Python, load)."""
+    import sys
+    from datetime import UTC, datetime
+
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    args = " ".join(argv if argv is not None else sys.argv[1:])
+    command = f"uv run python benchmarks/{script} {args}".strip()
+    return f"Generated {stamp} at commit `{git_commit()}` by `{command}` ({cpu_name()}, {machine})."

@@ -23,11 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import cpu_name, git_commit
+from _common import generated_line
 
 __all__ = ["main", "compare"]
 
@@ -102,14 +101,12 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(
             f"| {mode} | {walls[0] / 60:.1f} / {walls[1] / 60:.1f} min | {differs} | {train:.3f} | {held_out:.3f} |"
         )
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "uv run python benchmarks/determinism.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    print()
-    print(
-        f"Generated {stamp} at commit `{git_commit()}` by `{command.strip()}` ({cpu_name()}, "
+    machine = (
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}; torch threads: {args.threads or 'default'}; "
-        f"load average at the end {os.getloadavg()[0]:.1f})."
+        f"load average at the end {os.getloadavg()[0]:.1f}"
     )
+    print()
+    print(generated_line("determinism.py", argv, machine))
     print()
     print("| mode | wall, run 1 / run 2 | metrics.jsonl without timings | max train reward gap | max held-out gap |")
     print("|---|---:|---|---:|---:|")

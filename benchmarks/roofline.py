@@ -35,14 +35,12 @@ import platform
 import random
 import re
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import torch
-from _common import cpu_name, git_commit
+from _common import generated_line
 
 __all__ = ["main", "ModelShape"]
 
@@ -333,14 +331,12 @@ def main(argv: list[str] | None = None) -> None:
             rtps, ptps, flops, seconds = measure_update(prompts, shape, name, pad, args.micro_batch_tokens)
             add("update", ptps, flops, f"{len(prompts)} transitions, {rtps:.0f} response tokens/s, {seconds:.1f} s")
         del model
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = "uv run python benchmarks/roofline.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    print()
-    print(
-        f"Generated {stamp} at commit `{git_commit()}` by `{command.strip()}` ({cpu_name()}, "
+    machine = (
         f"Python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
-        f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)."
+        f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     )
+    print()
+    print(generated_line("roofline.py", argv, machine))
     print()
     print("| what | dtype | tokens/s | GFLOP/s | bound GFLOP/s | of bound | peak RSS | what ran |")
     print("|---|---|---:|---:|---:|---:|---:|---|")

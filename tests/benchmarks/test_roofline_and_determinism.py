@@ -1,0 +1,42 @@
+"""The arithmetic behind ``roofline.py`` and ``determinism.py`` (their runs take minutes on SmolLM2 or
+the demo; what they compute from those runs is checked here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from determinism import compare  # noqa: E402
+from roofline import ModelShape  # noqa: E402
+
+
+def test_the_flop_count_is_two_per_weight_of_every_linear_layer_plus_attention() -> None:
+    transformers = pytest.importorskip("transformers")
+    from lightning_rl.engine.tiny import default_tiny_model
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(default_tiny_model())
+    shape = ModelShape.of(model.config)
+    layers = model.model.layers
+    weights = sum(m.weight.numel() for m in layers.modules() if m.__class__.__name__ == "Linear")
+    assert shape.body_flops(0) == 2 * weights  # no context: the linear layers alone
+    extra = shape.body_flops(10) - shape.body_flops(0)
+    assert extra == shape.layers * 2 * 2 * 10 * shape.hidden  # QK^T and AV over 10 positions
+    assert shape.head_flops == 2 * model.get_output_embeddings().weight.numel()
+
+
+def test_compare_finds_the_first_differing_step_and_the_reward_gaps() -> None:
+    a: list[dict[str, float]] = [
+        {"step": 0, "val/reward_mean": 0.1},
+        {"step": 1, "train/reward_mean": 0.5},
+        {"step": 2, "train/reward_mean": 0.7},
+    ]
+    assert compare(a, [dict(r) for r in a]) == (True, None, 0.0, 0.0)
+    b = [dict(r) for r in a]
+    b[2]["train/reward_mean"] = 0.6
+    identical, first, train, held_out = compare(a, b)
+    assert not identical and first == 2 and train == pytest.approx(0.1) and held_out == 0.0
+    assert compare(a, a[:2])[:2] == (False, 1)  # one run logged fewer rows
