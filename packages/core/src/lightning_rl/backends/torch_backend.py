@@ -110,7 +110,14 @@ class TorchBackendConfig:
     top_p: float = 1.0
     device: str = "cpu"
     dtype: str = "float32"
-    """Parameter dtype (``bfloat16`` on GPU); logprobs are always computed in float32."""
+    """Dtype of the weights; logprobs are always computed in float32. With ``lora_rank > 0``,
+    ``"bfloat16"`` stores only the frozen base in bfloat16: the adapters, their gradients and the
+    optimizer stay float32 (peft keeps adapters in float32), and the output head runs on a float32
+    copy of its weights, so no logprob carries bfloat16 rounding of the logits. That halves the
+    base's memory and its activations' and runs its matmuls natively where the CPU has AVX512_BF16
+    or AMX (``benchmarks/roofline.py``). Pair it with ``old_logprobs="recompute"`` (the engine's
+    numbers differ by rounding). Full fine-tuning in bfloat16 keeps bfloat16 master weights, whose
+    small updates round away: use ``autocast`` for that instead."""
     autocast: str | None = None
     """``"auto"``: ``"bfloat16"`` where this machine's bfloat16 matmuls are fast (a GPU, or a CPU with
     AVX512_BF16 or AMX: ``fast_bfloat16``), else ``None``. A CPU without them emulates bfloat16 and
@@ -152,6 +159,8 @@ class TorchBackendConfig:
             raise ValueError(f"autocast must be None, 'auto', 'bfloat16' or 'float16', got {self.autocast!r}.")
         if self.autocast == "auto":
             self.autocast = "bfloat16" if fast_bfloat16(self.device) else None
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}.")
 
 
 def fast_bfloat16(device: str = "cpu") -> bool:
@@ -262,7 +271,10 @@ class TorchBackend:
         torch.manual_seed(cfg.seed)
         self.device = torch.device(cfg.device)
         dtype = getattr(torch, cfg.dtype)
-        model = model.to(device=self.device, dtype=dtype)
+        if hasattr(model, "get_base_model"):  # already adapted (a second phase's optimizer): keep float32 adapters
+            model = model.to(device=self.device)
+        else:
+            model = model.to(device=self.device, dtype=dtype)
         self.reference: torch.nn.Module | None = None
         if cfg.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -271,6 +283,8 @@ class TorchBackend:
         if cfg.lora_rank > 0:
             model = _wrap_lora(model, cfg)
         self.model = model
+        # a float32 copy of a frozen low-precision head: logits (and so logprobs) without its rounding
+        self._head32 = _float32_head(model) if dtype != torch.float32 else None
         self.pad_token_id = pad_token_id
         self.publisher = publisher
         self.version = version
@@ -325,7 +339,9 @@ class TorchBackend:
         usually far longer than responses, and ``[batch, length, vocab]`` logits of a real vocabulary
         would dominate memory and time. The entropy reuses the distribution the logprobs are
         gathered from, so it costs no forward pass and no second softmax."""
-        logits, targets = response_logits(model, mb, self.shared_prefix_len(mb), self.device, self._autocast())
+        logits, targets = response_logits(
+            model, mb, self.shared_prefix_len(mb), self.device, self._autocast(), head_weight=self._head32
+        )
         dist = sampling_logprobs(logits.float(), self.config.temperature, self.config.top_p)
         logp = dist.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         if not entropy:
@@ -798,18 +814,49 @@ def _wrap_lora(model: torch.nn.Module, cfg: TorchBackendConfig) -> torch.nn.Modu
 
 
 def _merged_lora_state(model: Any) -> dict[str, torch.Tensor]:
-    """Merge the adapters into a copy of the base weights, named as the base model names them."""
-    model.merge_adapter()
-    try:
-        state: dict[str, torch.Tensor] = model.get_base_model().state_dict()
-        out: dict[str, torch.Tensor] = {}
-        for key, value in state.items():
-            if "lora_" in key:
-                continue
-            out[key.replace(".base_layer.", ".")] = value.detach().to("cpu", copy=True)
-        return out
-    finally:
-        model.unmerge_adapter()
+    """The base weights with the adapters merged, named as the base model names them.
+
+    Computed beside the model, never in place: peft's ``merge_adapter`` / ``unmerge_adapter`` adds
+    and subtracts the adapter product in the weights' own dtype, which leaves rounding behind in
+    the base weights every publish (in bfloat16, a visible drift after a few steps). Each adapted
+    weight is ``W + scaling * B @ A`` in float32; weights no adapter touches are passed as they
+    are, not copied (a publisher copies or saves them before returning, and the update waits for
+    it), so a publish allocates only the adapted layers' merged copies."""
+    from peft.tuners.lora import LoraLayer  # pyright: ignore[reportMissingImports]
+
+    base: Any = model.get_base_model()
+    merged: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            layer: Any = module
+            total: torch.Tensor = layer.get_base_layer().weight.detach().float()
+            for adapter in layer.active_adapters:
+                total = total + layer.get_delta_weight(adapter).float()
+            merged[f"{name}.weight"] = total.to("cpu")
+    out: dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = base.state_dict()
+    for key, value in state.items():
+        if "lora_" in key:
+            continue
+        name = key.replace(".base_layer.", ".")
+        out[name] = merged[name] if name in merged else value.detach()
+    return out
+
+
+def _float32_head(model: Any) -> torch.Tensor | None:
+    """A float32 copy of ``model``'s output head weight when it is frozen and stored in lower
+    precision (a LoRA model on a bfloat16 base), else None: its logits then carry no bfloat16
+    rounding (~0.05 nats at SmolLM2's logit scale) for the price of one float32 copy of the head."""
+    split = _split_head(model)
+    if split is None:
+        return None
+    head = split[1]
+    if hasattr(head, "base_layer"):  # an adapted head (lm_head in lora_targets): its logits change
+        return None
+    weight: torch.Tensor = head.weight
+    if weight.requires_grad or weight.dtype == torch.float32:
+        return None
+    return weight.detach().float()
 
 
 def _dynamic_cache(model: Any) -> Any:
@@ -845,6 +892,8 @@ def response_logits(
     shared: int = 0,
     device: torch.device | None = None,
     autocast: contextlib.AbstractContextManager[Any] | None = None,
+    *,
+    head_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits at every position that predicts a response token, those tokens), flat in row order:
     ``[sum(response_lens), vocab]`` and ``[sum(response_lens)]``. Gradients flow when enabled.
@@ -854,7 +903,8 @@ def response_logits(
     time (300 x 49,152 floats, 59 MB, per row of a SmolLM2 tools prompt). With ``shared > 0`` the
     first ``shared`` tokens, which every row has in common, run once (batch 1) and their keys and
     values are repeated for every row; the rest of each row runs on top of them. Under ``autocast``
-    the body runs in its precision and the head, outside it, in the weights' own."""
+    the body runs in its precision and the head, outside it, in the weights' own; ``head_weight``
+    (a float32 copy of a frozen head's weight) computes the logits in float32 from the body's output."""
     device = device or mb.input_ids.device
     ids = mb.input_ids.to(device)
     mask = mb.attention_mask.to(device)
@@ -888,7 +938,10 @@ def response_logits(
             logits = model(input_ids=ids, attention_mask=mask).logits[rows, cols]
     if hidden is not None and split is not None:
         head = split[1]
-        logits = head(hidden.to(head.weight.dtype))
+        if head_weight is not None and getattr(head, "bias", None) is None:
+            logits = torch.nn.functional.linear(hidden.to(head_weight.dtype), head_weight)
+        else:
+            logits = head(hidden.to(head.weight.dtype))
     assert logits is not None
     return logits, ids[rows, cols + 1]
 

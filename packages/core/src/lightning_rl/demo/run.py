@@ -123,6 +123,10 @@ class DemoConfig:
     progress: bool = True
     deterministic: bool = False
     """``TrainerConfig.deterministic``: two runs of one seed log identical metrics (slower)."""
+    precision: str = "float32"
+    """``TrainerConfig.precision`` of the RL phase, and the warm start's: ``float32``, ``bfloat16`` or
+    ``auto`` (``bfloat16`` where the CPU runs it natively). The tiny model stays in float32: its
+    matmuls are too small for bfloat16 to pay, and its published figures are float32's."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoConfig:
@@ -161,6 +165,7 @@ class DemoConfig:
             "shared_prefix": 64,
             "micro_batch_tokens": 4096,
             "tool_token": "<",
+            "precision": "auto",
         }
         return cls(**{**settings, **overrides})
 
@@ -216,10 +221,18 @@ def warm_start(
             tool_token=cfg.tool_token,
             lora_rank=cfg.lora_rank,
             shared_prefix=cfg.shared_prefix,
+            dtype=_resolved_precision(cfg.precision),
             progress=cfg.progress,
         ),
     )
     return out_dir
+
+
+def _resolved_precision(precision: str) -> str:
+    """``auto`` -> ``bfloat16`` where this CPU runs it natively, else ``float32`` (as ``TrainerConfig``)."""
+    from lightning_rl.backends.torch_backend import fast_bfloat16
+
+    return ("bfloat16" if fast_bfloat16() else "float32") if precision == "auto" else precision
 
 
 def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig, **overrides: Any) -> TrainerConfig:
@@ -237,6 +250,7 @@ def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig, **overrides: 
         "air": {"tool_error": -0.1},
         "seed": cfg.seed,
         "deterministic": cfg.deterministic,
+        "precision": cfg.precision,
         "progress": cfg.progress,
         "concurrency": cfg.batch_size * cfg.group_size,
         "backend": TorchBackendConfig(

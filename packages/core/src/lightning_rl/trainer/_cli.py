@@ -40,6 +40,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="the same seed, thread count and machine give identical metrics (slower: one sequence at a time)",
     )
+    p.add_argument(
+        "--precision",
+        choices=["float32", "bfloat16", "auto"],
+        default=None,
+        help="number format of the engine and the frozen weights (default: float32 for tiny, auto for "
+        "smollm2-135m: bfloat16 where the CPU has AVX512_BF16 or AMX)",
+    )
     p.set_defaults(handler=_demo)
 
     t: argparse.ArgumentParser = subparsers.add_parser(
@@ -88,6 +95,8 @@ def _demo(args: argparse.Namespace) -> int:
         cfg = DemoConfig.quick(**settings) if args.quick else DemoConfig(**settings)
     if args.steps is not None:
         cfg.steps = args.steps
+    if args.precision is not None:
+        cfg.precision = args.precision
     result = run_demo(cfg)
     print_summary(result)
     return 0

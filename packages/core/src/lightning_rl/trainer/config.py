@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from lightning_rl.adapter import AIRPolicy
@@ -92,6 +92,15 @@ class TrainerConfig:
     they were enqueued in both modes). It is slower: rollouts run one decode stream instead of a
     batch (docs/learning.md says how much)."""
     device: str = "cpu"
+    precision: str = "float32"
+    """Number format of the engine and of the policy's frozen weights: ``float32``, ``bfloat16``, or
+    ``auto`` (``bfloat16`` where this machine runs it natively: a GPU, or a CPU with AVX512_BF16 or
+    AMX, see ``fast_bfloat16``; else ``float32``: an AVX2 CPU emulates bfloat16 ~60x slower). In
+    ``bfloat16`` the engine serves bfloat16 weights and its KV cache is bfloat16; the backend keeps a
+    LoRA base in bfloat16 (``TorchBackendConfig.dtype``) or, when every weight trains, runs the body
+    under autocast with float32 weights; and the PPO ratio is taken against the backend's own
+    recomputed logprobs (``old_logprobs="recompute"``), because the engine's differ from them by
+    rounding. SmolLM2-135M on one AMX core: docs/models.md."""
     backend: TorchBackendConfig = field(default_factory=TorchBackendConfig)
     tensorboard: bool = True
     """With ``loggers=None``: mirror metrics to TensorBoard when it is installed (skipped silently if not)."""
@@ -131,3 +140,22 @@ class TrainerConfig:
             )
         if self.temperature <= 0:
             raise ValueError("training needs temperature > 0 (greedy sampling has no policy gradient).")
+        self._resolve_precision()
+
+    def _resolve_precision(self) -> None:
+        """Turn ``precision`` into the engine's and the backend's settings (see ``precision``)."""
+        from lightning_rl.backends.torch_backend import fast_bfloat16
+
+        if self.precision not in ("float32", "bfloat16", "auto"):
+            raise ValueError(
+                f"TrainerConfig.precision must be 'float32', 'bfloat16' or 'auto', got {self.precision!r}."
+            )
+        if self.precision == "auto":
+            self.precision = "bfloat16" if fast_bfloat16(self.device) else "float32"
+        if self.precision == "bfloat16":
+            body: dict[str, Any] = {"old_logprobs": "recompute"}
+            if self.backend.lora_rank > 0:
+                body["dtype"] = "bfloat16"
+            elif self.backend.autocast is None:
+                body["autocast"] = "bfloat16"
+            self.backend = replace(self.backend, **body)

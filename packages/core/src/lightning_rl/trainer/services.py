@@ -126,10 +126,12 @@ async def start_services(
             device=config.device,
             max_batch_size=1 if config.deterministic else config.concurrency or config.engine_batch_size,
             model_name=served_model_name(config.model),
+            dtype="bfloat16" if config.precision == "bfloat16" else None,
         )
 
     engine = load_engine()
-    policy = AutoModelForCausalLM.from_pretrained(model_path)
+    # loaded in the backend's dtype: no transient float32 copy of a bfloat16 base
+    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, config.backend.dtype))
 
     backend = TorchBackend(
         policy,

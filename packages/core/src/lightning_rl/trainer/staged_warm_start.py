@@ -87,6 +87,9 @@ class StagedWarmStartConfig:
     """``TorchBackendConfig.micro_batch_tokens`` of the warm start's backends. Rows of a micro-batch are
     padded to its longest, so demonstrations of very different lengths (a first request beside one
     that carries tool results) waste less compute in several smaller micro-batches."""
+    dtype: str = "float32"
+    """``TorchBackendConfig.dtype`` of the warm start's backends: ``bfloat16`` keeps the frozen base in
+    bfloat16 under LoRA (the adapters stay float32; the saved folder is merged in float32)."""
     progress: bool = True
 
 
@@ -192,7 +195,9 @@ def staged_warm_start(
     cfg = config or StagedWarmStartConfig()
     if not expert or not sloppy:
         raise ValueError("staged_warm_start needs expert and sloppy demonstrations; one of them is empty.")
-    engine = TransformersEngine.from_pretrained(model_dir)
+    import torch
+
+    engine = TransformersEngine.from_pretrained(model_dir, dtype=getattr(torch, cfg.dtype))  # for its chat template and tokenizer
     try:
         tokenizer = engine.tokenizer
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -215,7 +220,7 @@ def staged_warm_start(
         probe_ex = {name: encode(demos) for name, demos in probes.items() if demos}
         habit_ex = [p for p, _ in encode(habit_prompts)]
 
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.dtype))
         backend = TorchBackend(
             model,
             TorchBackendConfig(
@@ -226,6 +231,7 @@ def staged_warm_start(
                 lora_alpha=2 * cfg.lora_rank if cfg.lora_rank else 16,
                 shared_prefix=cfg.shared_prefix,
                 micro_batch_tokens=cfg.micro_batch_tokens,
+                dtype=cfg.dtype,
             ),
         )
         losses: list[float] = []
@@ -276,6 +282,7 @@ def staged_warm_start(
                     track_kl=False,
                     shared_prefix=cfg.shared_prefix,
                     micro_batch_tokens=cfg.micro_batch_tokens,
+                    dtype=cfg.dtype,
                 ),
             )
             habit_done = 0
@@ -314,7 +321,8 @@ def staged_warm_start(
         )
         out_dir.mkdir(parents=True, exist_ok=True)
         adapted: Any = backend.model  # a peft wrapper when cfg.lora_rank: its adapters merge into the weights
-        (adapted.merge_and_unload() if cfg.lora_rank else model).save_pretrained(out_dir)
+        # merged in float32 (a bfloat16 base is widened first), so the adapters' update is not rounded away
+        (adapted.float().merge_and_unload() if cfg.lora_rank else model.float()).save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
     finally:
         engine.close()
