@@ -197,7 +197,9 @@ def staged_warm_start(
         raise ValueError("staged_warm_start needs expert and sloppy demonstrations; one of them is empty.")
     import torch
 
-    engine = TransformersEngine.from_pretrained(model_dir, dtype=getattr(torch, cfg.dtype))  # for its chat template and tokenizer
+    engine = TransformersEngine.from_pretrained(
+        model_dir, dtype=getattr(torch, cfg.dtype)
+    )  # for its chat template and tokenizer
     try:
         tokenizer = engine.tokenizer
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
