@@ -60,7 +60,10 @@ def adapter_name(role: str) -> str:
 
     PEFT keeps adapters in ``ModuleDict``s, whose keys may not contain ``.``, and the exported
     adapters become folder names; so every character outside ``[A-Za-z0-9_-]`` becomes ``_``
-    (``team/writer`` -> ``team_writer``). The trainer refuses two roles that map to one name."""
+    (``team/writer`` -> ``team_writer``); a name inside ``lora_`` (PEFT's parameter prefix, which it
+    would confuse with the adapter on loading) gets a ``role_`` prefix. The trainer refuses two roles
+    that map to one name."""
     if not role:
         raise ValueError("a per-role adapter needs a role name; calls without a role are served by the base weights.")
-    return _UNSAFE.sub("_", role)
+    name = _UNSAFE.sub("_", role)
+    return f"role_{name}" if name in "lora_" else name
