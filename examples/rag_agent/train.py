@@ -77,7 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="shared: the trainable roles train one set of weights; per_role: each trains its own LoRA adapter "
         "over one frozen base, which answers every other role (docs/adapters.md)",
     )
-    parser.add_argument("--lora-rank", type=int, default=8, help="LoRA rank of each role's adapter (--adapters per_role)")
+    parser.add_argument(
+        "--lora-rank", type=int, default=8, help="LoRA rank of each role's adapter (--adapters per_role)"
+    )
     parser.add_argument(
         "--adapter-lr", type=float, default=3e-3, help="RL learning rate of the adapters (--adapters per_role)"
     )

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -83,7 +84,8 @@ class MultiLoRALinear(nn.Linear):
         self.lora_b: torch.Tensor | None = None
         self.scales: list[float] = []
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # the parameter name of nn.Linear.forward
+        x = input
         y = nn.functional.linear(x, self.weight, self.bias)
         rows = self._routing.rows
         if rows is None or self.lora_a is None or self.lora_b is None:
@@ -134,7 +136,9 @@ class AdapterBank:
             setattr(parent, child, wrapped)
             bank._modules[name] = wrapped
         if not bank._modules:
-            raise ValueError(f"no linear layer of the model is named like {list(targets)}; set lora_targets to its names.")
+            raise ValueError(
+                f"no linear layer of the model is named like {list(targets)}; set lora_targets to its names."
+            )
         return bank
 
     @property
@@ -161,7 +165,9 @@ class AdapterBank:
             for key, value in weights.state_dict.items():
                 parsed = peft_module_name(key)
                 if parsed is None:
-                    raise ValueError(f"adapter {name!r}: {key!r} is no LoRA factor (expected PEFT's lora_A/lora_B keys).")
+                    raise ValueError(
+                        f"adapter {name!r}: {key!r} is no LoRA factor (expected PEFT's lora_A/lora_B keys)."
+                    )
                 module, which = parsed
                 if module not in self._modules:
                     raise ValueError(f"adapter {name!r}: {module!r} is not a LoRA target of the served model.")
@@ -179,7 +185,7 @@ class AdapterBank:
             self._versions[name] = weights.version if weights.version is not None else self._versions.get(name, 0) + 1
 
     @contextlib.contextmanager
-    def rows(self, slots: Sequence[int]) -> Iterator[None]:
+    def rows(self, slots: Sequence[int]) -> Generator[None]:
         """Forward passes inside run row ``i`` with adapter slot ``slots[i]`` (``-1``: the base)."""
         first = next(iter(self._modules.values()))
         device = first.weight.device

@@ -186,7 +186,7 @@ def _envelope(rid: str, created: int, model: str, chat: bool, choices: list[dict
 
 
 class _ChoiceAcc:
-    __slots__ = ("content", "raw", "ids", "lps", "calls", "finish", "version", "parse_error", "exact")
+    __slots__ = ("content", "raw", "ids", "lps", "calls", "finish", "version", "adapter", "parse_error", "exact")
 
     def __init__(self) -> None:
         self.content: list[str] = []
