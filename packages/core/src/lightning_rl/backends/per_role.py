@@ -153,9 +153,7 @@ class PerRoleAdaptersBackend(TorchBackend):
                 self.model = get_peft_model(self.model, self._lora_config(), adapter_name=name)  # pyright: ignore[reportUnknownVariableType, reportAttributeAccessIssue]
         self.model.to(self.device)
         ends = (f".lora_A.{name}.weight", f".lora_B.{name}.weight")
-        params = [p for n, p in self.model.named_parameters() if n.endswith(ends)]
-        for p in params:
-            p.data = p.data.to(getattr(torch, self.config.dtype))
+        params = [p for n, p in self.model.named_parameters() if n.endswith(ends)]  # float32, as PEFT makes them
         cfg = self.config
         self._optimizers[name] = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.roles[name] = role
