@@ -200,3 +200,12 @@ def test_per_role_adapters_need_a_lora_rank_and_policy_gradient() -> None:
         TrainerConfig(adapters="each")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="lora_rank > 0"):
         PerRoleAdaptersBackend(torch.nn.Linear(2, 2), TorchBackendConfig())
+
+
+def test_adapter_names_are_folder_and_module_safe() -> None:
+    from lightning_rl.roles import adapter_name
+
+    assert adapter_name("writer") == "writer" and adapter_name("team/writer.v2") == "team_writer_v2"
+    assert adapter_name("a") == "role_a"  # inside PEFT's "lora_" prefix, which PEFT would confuse with it
+    with pytest.raises(ValueError, match="needs a role name"):
+        adapter_name("")

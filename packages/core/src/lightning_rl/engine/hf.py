@@ -13,6 +13,10 @@ The worker runs a continuous-batching loop. Each iteration either
    the running KV cache (see ``_batch.KVBatch``), or
 3. runs one batched decode step for every running row.
 
+With ``enable_adapters`` each request may name a LoRA adapter (``SamplingParams.adapter``, per-role
+training; ``lightning_rl.engine.lora``): admitted prompts are prefilled one adapter at a time, and
+decode steps run every row together, each with its own adapter.
+
 Rows leave as soon as they finish or their caller cancels (a closed stream, a cancelled task), which
 frees their slot for the next waiting request. Sampling and logprobs follow
 ``lightning_rl.engine.logprobs`` exactly, in float32, with a per-request CPU ``torch.Generator``
