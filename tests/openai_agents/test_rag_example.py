@@ -241,8 +241,9 @@ def test_the_adapters_run_file_trains_the_answerers_adapter_and_keeps_the_planne
         "algorithm.concurrency=4",
         "algorithm.max_tokens=24",
     ]
-    overrides[overrides.index("algorithm.group_size=2")] = "algorithm.group_size=4"  # ties in a group are rarer
-    overrides[overrides.index("algorithm.concurrency=4")] = "algorithm.concurrency=8"
+    # a 2-step warm start answers nothing, so every group ties: update anyway (zero advantages), so that
+    # the answerer's adapter is made, published and served
+    overrides.append("algorithm.skip_zero_advantage=false")
     argv = ["train", str(EXAMPLE / "adapters.toml"), "--quiet", *[a for o in overrides for a in ("--set", o)]]
     assert main(argv) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -250,9 +251,6 @@ def test_the_adapters_run_file_trains_the_answerers_adapter_and_keeps_the_planne
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["train/role/planner/weights_version"] == 0.0 for r in steps)  # the base, all along
     assert not any("train/role/planner/adapter_version" in r or "train/adapter/planner/loss" in r for r in steps)
-    # a step whose group rewards all tie has nothing to update; the others train the answerer's adapter
-    if steps[0]["train/n_updated_transitions"] > 0:
-        assert steps[0]["train/adapter/answerer/optimizer_steps"] >= 1
-        assert steps[-1]["train/role/answerer/adapter_version"] == 1.0  # served by it in step 2
-        assert (out / "checkpoints" / "step_00002" / "adapters" / "answerer" / "adapter_config.json").is_file()
-    assert any(r["train/n_updated_transitions"] > 0 for r in steps), "no step updated: the test shows nothing"
+    assert steps[0]["train/adapter/answerer/optimizer_steps"] >= 1  # the answerer's own update
+    assert steps[-1]["train/role/answerer/adapter_version"] == 1.0  # step 2's calls: served by its adapter
+    assert (out / "checkpoints" / "step_00002" / "adapters" / "answerer" / "adapter_config.json").is_file()
