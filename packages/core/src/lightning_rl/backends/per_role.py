@@ -198,7 +198,8 @@ class PerRoleAdaptersBackend(TorchBackend):
             if not t.role:
                 skipped += 1
                 continue
-            groups.setdefault(self.adapter_for(t.role), []).append(t)
+            if t.prompt_ids and t.response_ids:  # as TorchBackend.update keeps them (a role may have none)
+                groups.setdefault(self.adapter_for(t.role), []).append(t)
         if not groups:
             raise ValueError(
                 "update() got no transition of a named role; per-role adapters train each role on its own "
