@@ -28,6 +28,14 @@ with ``--write-readmes`` pastes) an earlier run again without running anything, 
 are always this script's output. A run that fails or times out is recorded as such, never dropped:
 the script then exits 1 and leaves the READMEs alone (``--paste`` pastes what there is).
 
+``--arms shared,frozen,per_role`` (issue 42) runs each seed of the multi-agent examples (``sql_agent``,
+``rag_agent``) once per way of serving the roles: ``shared`` (one policy for every role), ``frozen``
+(``--untrainable-roles frozen``: the untrained roles on a second copy of the starting weights) and
+``per_role`` (``--adapters per_role``: one LoRA adapter per trainable role over one base). Its table
+(``<!-- benchmarks/examples.py:arms:begin -->`` in the README) gives the held-out reward, the drift of the
+frozen role (the planner's handoff rate; the checker's verdicts, read from the run's store), the
+process's peak memory (the largest ``mem/*_peak_gb`` the run logged) and the wall time per arm.
+
 ``--parallel N`` runs N example runs at once with ``OMP_NUM_THREADS`` = cores // N each (the header
 says so): the gains are measured, the wall times then are not comparable with the 10-minute target.
 
@@ -85,6 +93,21 @@ LIMIT_MIN = 10.0  # ... each run within this many minutes on 2 cores
 BEGIN, END = "<!-- benchmarks/examples.py:begin -->", "<!-- benchmarks/examples.py:end -->"
 REPO = Path(__file__).resolve().parents[1]
 BENCH_END_ANY = r"<!-- benchmarks/examples\.py:\w+:end -->"
+ARMS_BEGIN, ARMS_END = "<!-- benchmarks/examples.py:arms:begin -->", "<!-- benchmarks/examples.py:arms:end -->"
+ARMS: dict[str, dict[str, list[str]]] = {
+    # train.py arguments of each arm; the examples' own defaults differ (rag freezes its planner by default)
+    "sql_agent": {
+        "shared": ["--untrainable-roles", "shared"],
+        "frozen": ["--untrainable-roles", "frozen"],
+        "per_role": ["--adapters", "per_role"],
+    },
+    "rag_agent": {
+        "shared": ["--untrainable-roles", "shared"],
+        "frozen": ["--untrainable-roles", "frozen"],
+        "per_role": ["--adapters", "per_role"],
+    },
+}
+FROZEN_ROLE = {"sql_agent": "checker", "rag_agent": "planner"}
 ROLE_KEY = re.compile(r"^(train|val)/role/(.+)/([^/]+)$")
 
 
@@ -109,10 +132,16 @@ class Run:
     rows: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
     warm_start: dict[str, Any] | None = None
     resumed: bool = False  # finished by an earlier, interrupted invocation (--resume); wall time from its log
+    arm: str = ""  # --arms: how the roles were served ("" outside the arms comparison)
+    verdicts: dict[str, dict[str, int]] | None = None  # sql_agent: the checker's verdicts per training step
 
     @property
     def label(self) -> str:
-        return f"{self.example} seed {self.seed}" + ("" if self.air else " without AIR")
+        return (
+            f"{self.example} seed {self.seed}"
+            + ("" if self.air else " without AIR")
+            + (f" ({self.arm})" if self.arm else "")
+        )
 
 
 # --- reading a run's metrics ------------------------------------------------------------------
@@ -424,6 +453,89 @@ def render_example(example: str, runs: Sequence[Run], header: dict[str, Any], im
     return "\n".join(lines) + "\n"
 
 
+def peak_memory_gb(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The process's peak resident memory over the run: the largest ``mem/<phase>_peak_gb`` it logged."""
+    values = [v for r in rows for k, raw in r.items() if k.startswith("mem/") if (v := _num(raw)) is not None]
+    return max(values) if values else None
+
+
+def frozen_drift(run: Run) -> tuple[str, float | None, float | None]:
+    """(what, first, last) for the example's frozen role over the training steps: the planner's handoff
+    (tool-call) rate, or the share of the checker's replies that say ``CORRECT``."""
+    if run.example == "sql_agent":
+        steps = sorted((run.verdicts or {}).items(), key=lambda kv: int(kv[0]))
+
+        def share(counts: dict[str, int]) -> float | None:
+            n = sum(counts.values())
+            return counts["CORRECT"] / n if n else None
+
+        return (
+            "checker CORRECT share",
+            share(steps[0][1]) if steps else None,
+            share(steps[-1][1]) if steps else None,
+        )
+    stats = role_stats(run.rows).get(FROZEN_ROLE.get(run.example, ""), {})
+    return (
+        f"{FROZEN_ROLE.get(run.example, '?')} handoff rate",
+        stats.get("tool_call_first"),
+        stats.get("tool_call_last"),
+    )
+
+
+def _verdict_cell(run: Run) -> str:
+    """The checker's verdict counts (CORRECT / WRONG / other) at the first and the last training step."""
+    steps = sorted((run.verdicts or {}).items(), key=lambda kv: int(kv[0]))
+    if not steps:
+        return "—"
+
+    def cell(counts: dict[str, int]) -> str:
+        return f"{counts['CORRECT']}/{counts['WRONG']}/{counts['other']}"
+
+    return f"{cell(steps[0][1])} → {cell(steps[-1][1])}"
+
+
+def render_arms(example: str, runs: Sequence[Run], header: dict[str, Any]) -> str:
+    """Issue 42's comparison of one example: per arm and seed, held-out reward, the frozen role's drift,
+    peak memory and wall time; then per arm the mean and min gain and the mean peak memory."""
+    order = {arm: i for i, arm in enumerate(ARMS.get(example, {}))}
+    runs = sorted(runs, key=lambda r: (order.get(r.arm, 99), r.seed))
+    what = frozen_drift(runs[0])[0] if runs else "frozen role"
+    verdicts = example == "sql_agent"
+    lines = [header_line(header), ""]
+    head = f"| arm | seed | held-out before | after | gain | {what} (step first → last) |"
+    head += " checker verdicts C/W/other (first → last) |" if verdicts else ""
+    lines += [
+        head + " peak memory | wall |",
+        "|---|---:|---:|---:|---:|---:|" + ("---:|" if verdicts else "") + "---:|---:|",
+    ]
+    per_arm: dict[str, list[tuple[float | None, float | None]]] = {}
+    for r in runs:
+        s = summary(r)
+        _, first, last = frozen_drift(r)
+        mem = peak_memory_gb(r.rows)
+        per_arm.setdefault(r.arm, []).append((s["gain"] if s["ok"] else None, mem))
+        cells = [r.arm, str(r.seed)]
+        if s["ok"]:
+            cells += [_f(s["before"]), _f(s["after"]), f"**{s['gain']:+.2f}**"]
+        else:
+            cells += ["—", "—", f"**failed**: {r.error or 'fewer than two held-out rows'}"]
+        cells.append(_arrow(first, last))
+        if verdicts:
+            cells.append(_verdict_cell(r))
+        cells += [_f(mem, ".2f") + " GB" if mem is not None else "—", f"{s['wall_min']:.1f} min"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| arm | seeds | mean gain | min gain | mean peak memory |", "|---|---:|---:|---:|---:|"]
+    for arm, values in per_arm.items():
+        gains = [g for g, _ in values if g is not None]
+        mems = [m for _, m in values if m is not None]
+        lines.append(
+            f"| {arm} | {len(gains)} of {len(values)} | "
+            + (f"**{statistics.fmean(gains):+.2f}** | {min(gains):+.2f}" if gains else "— | —")
+            + f" | {_f(_mean(mems), '.2f')} GB |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # --- writing READMEs and plots ------------------------------------------------------------------
 
 
@@ -509,6 +621,15 @@ def render_and_write(
     parts: list[str] = []
     for name in names:
         mine = [r for r in runs if r.example == name]
+        if any(r.arm for r in mine):  # the arms comparison (issue 42) has its own block
+            text = render_arms(name, mine, header)
+            parts.append(f"## {name}: shared policy, frozen roles, per-role adapters\n\n" + text)
+            if write_readmes:
+                paste_block(root / "examples" / name / "README.md", text, ARMS_BEGIN, ARMS_END, "## Per-role adapters")
+                begin, end = bench_markers(f"{name}_arms")
+                bench = root / "benchmarks" / "README.md"
+                paste_block(bench, text, begin, end, heading=f"### {name}: per-role adapters", after=BENCH_END_ANY)
+            continue
         plotted = plot_example(name, mine, out / name / "learning.png")
         parts.append(f"## {name}\n\n" + render_example(name, mine, header, f"{name}/learning.png" if plotted else None))
         if write_readmes:
@@ -567,10 +688,41 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def train_command(root: Path, example: str, seed: int, run_dir: Path, air: bool, extra: Sequence[str]) -> list[str]:
+def train_command(
+    root: Path, example: str, seed: int, run_dir: Path, air: bool, extra: Sequence[str], arm: str = ""
+) -> list[str]:
     cmd = [sys.executable, str(root / "examples" / example / "train.py"), "--seed", str(seed)]
-    cmd += ["--out", str(run_dir), "--quiet", *extra]
+    cmd += ["--out", str(run_dir), "--quiet", *extra, *(ARMS[example][arm] if arm else [])]
     return cmd if air else [*cmd, "--tool-error-reward", "0"]
+
+
+def _run_name(seed: int, air: bool, arm: str) -> str:
+    return f"seed{seed}" + ("" if air else "-noair") + (f"-{arm}" if arm else "")
+
+
+def checker_verdicts(store_path: Path) -> dict[str, dict[str, int]]:
+    """The SQL checker's verdicts per training step, read from the run's store: ``{step: {"CORRECT": n,
+    "WRONG": n, "other": n}}`` (``CORRECT`` anywhere in the reply, as the graph reads it; ``WRONG`` at
+    its start; anything else, a reply that is neither). Steps come from the rollout ids (``-s<step>-``)."""
+    import sqlite3
+
+    out: dict[str, dict[str, int]] = {}
+    if not store_path.exists():
+        return out
+    con = sqlite3.connect(f"file:{store_path}?mode=ro", uri=True)
+    try:
+        for rollout_id, data in con.execute("SELECT rollout_id, data FROM spans WHERE name = 'llm.call'"):
+            step = re.search(r"-s(\d+)-", rollout_id)
+            attrs = json.loads(data).get("attributes", {})
+            if step is None or attrs.get("lightning.role") != "checker":
+                continue
+            text = str(attrs.get("lightning.response_text") or "").strip().upper()
+            kind = "CORRECT" if "CORRECT" in text else ("WRONG" if text.startswith("WRONG") else "other")
+            counts = out.setdefault(step[1], {"CORRECT": 0, "WRONG": 0, "other": 0})
+            counts[kind] += 1
+    finally:
+        con.close()
+    return out
 
 
 def _shown(cmd: Sequence[str], root: Path) -> list[str]:
@@ -591,10 +743,12 @@ def _log_wall_s(log_path: Path) -> float | None:
     return log_path.stat().st_mtime - born if born > 0 else None
 
 
-def resumed_run(root: Path, example: str, seed: int, air: bool, out: Path, extra: Sequence[str]) -> Run | None:
+def resumed_run(
+    root: Path, example: str, seed: int, air: bool, out: Path, extra: Sequence[str], arm: str = ""
+) -> Run | None:
     """A run an earlier invocation finished (``--resume``): its folder's metrics and its log's
     wall time; None when it did not finish (no complete metrics, or no birth time to time it by)."""
-    name = f"seed{seed}" + ("" if air else "-noair")
+    name = _run_name(seed, air, arm)
     run_dir, log_path = out / example / name, out / example / f"{name}.log"
     metrics = run_dir / "metrics.jsonl"
     if not metrics.exists() or not log_path.exists() or "held-out reward:" not in log_path.read_text():
@@ -602,8 +756,11 @@ def resumed_run(root: Path, example: str, seed: int, air: bool, out: Path, extra
     wall = _log_wall_s(log_path)
     if wall is None:
         return None
-    run = Run(example, seed, air, _shown(train_command(root, example, seed, run_dir, air, extra), root), 0, wall)
+    cmd = _shown(train_command(root, example, seed, run_dir, air, extra, arm), root)
+    run = Run(example, seed, air, cmd, 0, wall, arm=arm)
     run.log, run.resumed = str(log_path), True
+    if arm and example == "sql_agent":
+        run.verdicts = checker_verdicts(run_dir / "store.sqlite")
     run.rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     warm = run_dir / "warm_start" / "warm_start.json"
     run.warm_start = json.loads(warm.read_text()) if warm.exists() else None
@@ -620,15 +777,16 @@ def run_one(
     extra: Sequence[str],
     timeout_s: float,
     live: _Live,
+    arm: str = "",
 ) -> Run:
     """One ``train.py`` in a fresh process (own process group, so a timeout ends its children too)."""
-    name = f"seed{seed}" + ("" if air else "-noair")
+    name = _run_name(seed, air, arm)
     run_dir = out / example / name
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log_path = out / example / f"{name}.log"
-    cmd = train_command(root, example, seed, run_dir, air, extra)
+    cmd = train_command(root, example, seed, run_dir, air, extra, arm)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     returncode: int | None
@@ -645,7 +803,9 @@ def run_one(
             live.discard(proc)
     wall = time.perf_counter() - started
     shown = _shown(cmd, root)
-    run = Run(example, seed, air, shown, returncode, wall, log=str(log_path))
+    run = Run(example, seed, air, shown, returncode, wall, log=str(log_path), arm=arm)
+    if arm and example == "sql_agent":
+        run.verdicts = checker_verdicts(run_dir / "store.sqlite")
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
         run.rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
@@ -693,6 +853,12 @@ def main(argv: list[str] | None = None) -> int:
         "--air-ablation",
         default=",".join(DEFAULT_ABLATION),
         help="examples also run with --tool-error-reward 0, same seeds ('' for none)",
+    )
+    ap.add_argument(
+        "--arms",
+        default="",
+        help="issue 42: run each seed once per arm of shared,frozen,per_role (sql_agent and rag_agent only; "
+        "no AIR ablation)",
     )
     ap.add_argument("--parallel", type=int, default=1, help="example runs at once (wall times then not comparable)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS per run (default: cores // --parallel)")
@@ -750,25 +916,35 @@ def main(argv: list[str] | None = None) -> int:
         "parallel": args.parallel,
         "threads_note": f"{args.parallel} run(s) at once, OMP_NUM_THREADS={threads} each",
     }
-    plan = [(name, seed, True) for name in examples for seed in seeds]
-    plan += [(name, seed, False) for name in examples if name in ablation for seed in seeds]
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if arms:
+        bad = [n for n in examples if n not in ARMS] + [a for a in arms if a not in ARMS["sql_agent"]]
+        if bad:
+            raise SystemExit(f"--arms runs {', '.join(ARMS)} with arms {', '.join(ARMS['sql_agent'])}; not {bad}")
+        ablation = []
+    plan: list[tuple[str, int, bool, str]] = [
+        (name, seed, True, arm) for name in examples for arm in (arms or [""]) for seed in seeds
+    ]
+    plan += [(name, seed, False, "") for name in examples if name in ablation for seed in seeds]
     total = len(plan)
     live = _Live()
     print(f"{total} runs: {', '.join(examples)} x seeds {seeds}; without AIR too: {', '.join(ablation) or 'none'}")
     print(header_line(header), flush=True)
 
-    def one(index: int, name: str, seed: int, air: bool) -> Run:
-        tag = f"[{index}/{total}] {name} seed {seed}" + ("" if air else " without AIR")
-        done = resumed_run(root, name, seed, air, out, extra[name]) if args.resume else None
+    def one(index: int, name: str, seed: int, air: bool, arm: str) -> Run:
+        tag = f"[{index}/{total}] {name} seed {seed}" + ("" if air else " without AIR") + (f" ({arm})" if arm else "")
+        done = resumed_run(root, name, seed, air, out, extra[name], arm) if args.resume else None
         if done is not None:
             print(f"{tag} finished earlier (--resume): {done.wall_s / 60:.1f} min", flush=True)
             return done
         if args.collect:
-            run = Run(name, seed, air, [], None, 0.0, error="not finished: the benchmark was stopped before it ended")
+            run = Run(
+                name, seed, air, [], None, 0.0, error="not finished: the benchmark was stopped before it ended", arm=arm
+            )
             print(f"{tag} not finished (--collect)", flush=True)
             return run
         print(f"{tag} started", flush=True)
-        r = run_one(root, name, seed, air, out, threads, extra[name], args.timeout_min * 60, live)
+        r = run_one(root, name, seed, air, out, threads, extra[name], args.timeout_min * 60, live, arm)
         s = summary(r)
         result = f"gain {s['gain']:+.2f} ({s['before']:.2f} -> {s['after']:.2f})" if s["ok"] else f"FAILED: {r.error}"
         print(f"{tag} ... {result} in {r.wall_s / 60:.1f} min", flush=True)
@@ -793,6 +969,7 @@ def main(argv: list[str] | None = None) -> int:
         "header": header,
         "examples": examples,
         "seeds": seeds,
+        "arms": arms,
         "air_ablation": ablation,
         "targets": {"gain": TARGET_GAIN, "held_out_tasks": TARGET_TASKS, "seeds": TARGET_SEEDS, "minutes": LIMIT_MIN},
         "runs": [{"run": asdict(r), "summary": summary(r)} for r in runs],

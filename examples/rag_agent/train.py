@@ -70,6 +70,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run a prompt prefix of at least this many tokens that an agent's requests share (its system "
         "prompt and tools) once per micro-batch, in the warm start and in RL (0: off)",
     )
+    parser.add_argument(
+        "--adapters",
+        choices=["shared", "per_role"],
+        default="shared",
+        help="shared: the trainable roles train one set of weights; per_role: each trains its own LoRA adapter "
+        "over one frozen base, which answers every other role (docs/adapters.md)",
+    )
+    parser.add_argument(
+        "--lora-rank", type=int, default=8, help="LoRA rank of each role's adapter (--adapters per_role)"
+    )
+    parser.add_argument(
+        "--adapter-lr", type=float, default=3e-3, help="RL learning rate of the adapters (--adapters per_role)"
+    )
     parser.add_argument("--tool-error-reward", type=float, default=-0.1, help="AIR tool_error reward (0: AIR off)")
     parser.add_argument("--out", default="runs/rag_agent", help="run folder (metrics.jsonl, reward_curve.png)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the split, the warm start and RL")
@@ -118,12 +131,18 @@ def main(argv: list[str] | None = None) -> float | None:
         val_every=args.val_every,
         air=air,
         untrainable_roles=args.untrainable_roles,
+        adapters=args.adapters,
         seed=args.seed,
         progress=not args.quiet,
         concurrency=args.batch_size * args.group_size,
         tensorboard=False,
         backend=TorchBackendConfig(
-            lr=args.lr, seed=args.seed, old_logprobs="sampled", temperature=1.0, shared_prefix=args.shared_prefix
+            lr=args.adapter_lr if args.adapters == "per_role" else args.lr,
+            seed=args.seed,
+            old_logprobs="sampled",
+            temperature=1.0,
+            shared_prefix=args.shared_prefix,
+            lora_rank=args.lora_rank if args.adapters == "per_role" else 0,
         ),
     )
     result = Trainer(config).fit(rag_agent, [to_task(q) for q in train_q], [to_task(q) for q in val_q])

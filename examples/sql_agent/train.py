@@ -96,6 +96,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="run a prompt prefix of at least this many tokens that an agent's requests share (its system "
         "prompt) once per micro-batch, in the warm start and in RL (0: off)",
     )
+    parser.add_argument(
+        "--untrainable-roles",
+        choices=["shared", "frozen"],
+        default="shared",
+        help="shared: the checker is answered by the policy under training; frozen: by the starting weights",
+    )
+    parser.add_argument(
+        "--adapters",
+        choices=["shared", "per_role"],
+        default="shared",
+        help="shared: the trainable roles train one set of weights; per_role: each trains its own LoRA adapter "
+        "over one frozen base, which answers every other role (docs/adapters.md)",
+    )
+    parser.add_argument(
+        "--lora-rank", type=int, default=8, help="LoRA rank of each role's adapter (--adapters per_role)"
+    )
+    parser.add_argument(
+        "--adapter-lr", type=float, default=3e-3, help="RL learning rate of the adapters (--adapters per_role)"
+    )
     parser.add_argument("--tool-error-reward", type=float, default=-0.1, help="AIR reward per failed SQL execution")
     parser.add_argument("--seed", type=int, default=0, help="seeds the database, the split, the warm start and RL")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -366,8 +385,15 @@ def main(argv: Sequence[str] | None = None) -> float | None:
         progress=not args.quiet,
         tensorboard=False,
         concurrency=args.batch_size * args.group_size,
+        untrainable_roles=args.untrainable_roles,
+        adapters=args.adapters,
         backend=TorchBackendConfig(
-            lr=args.lr, seed=args.seed, old_logprobs="sampled", temperature=1.0, shared_prefix=args.shared_prefix
+            lr=args.adapter_lr if args.adapters == "per_role" else args.lr,
+            seed=args.seed,
+            old_logprobs="sampled",
+            temperature=1.0,
+            shared_prefix=args.shared_prefix,
+            lora_rank=args.lora_rank if args.adapters == "per_role" else 0,
         ),
     )
 

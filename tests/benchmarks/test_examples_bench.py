@@ -284,3 +284,35 @@ def test_resume_keeps_finished_runs_and_paths_beside_the_checkout_are_shown_whol
     assert collected.returncode == 1 and (out / "calc_agent" / "seed0.count").read_text() == "x"
     assert "calc_agent seed 1 not finished (--collect)" in collected.stdout
     assert not (out / "calc_agent" / "seed1").exists()  # nothing ran
+
+
+def test_the_arms_table_shows_reward_frozen_role_drift_memory_and_wall_time(tmp_path: Path) -> None:
+    """Issue 42's comparison: shared policy, frozen roles, per-role adapters, per seed and per arm."""
+    bench = _module()
+    store = tmp_path / "store.sqlite"
+    import sqlite3
+
+    con = sqlite3.connect(store)
+    con.execute("CREATE TABLE spans (rollout_id TEXT, name TEXT, data TEXT)")
+    replies = [("r-s1-t0-0", "CORRECT"), ("r-s1-t0-1", "WRONG: no."), ("r-s2-t0-0", "Correct"), ("r-s2-t1-0", "hm")]
+    replies += [("r-v0-t0", "WRONG"), ("r-s2-t1-0", "SELECT 1")]  # a validation call; a writer's call
+    for rollout, text in replies:
+        role = "writer" if text.startswith("SELECT") else "checker"
+        attrs = {"lightning.role": role, "lightning.response_text": text}
+        con.execute("INSERT INTO spans VALUES (?, 'llm.call', ?)", (rollout, json.dumps({"attributes": attrs})))
+    con.commit()
+    con.close()
+    verdicts = bench.checker_verdicts(store)
+    assert verdicts == {"1": {"CORRECT": 1, "WRONG": 1, "other": 0}, "2": {"CORRECT": 1, "WRONG": 0, "other": 1}}
+
+    header = _payload()["header"]
+    runs = []
+    for arm, mem, gain in (("shared", 2.0, 0.5), ("frozen", 2.6, 0.4), ("per_role", 1.5, 0.45)):
+        rows = _rows(0.0, gain, 100, [0.5, 0.2], seed=0)
+        rows[1]["mem/update_peak_gb"] = mem
+        rows[2]["mem/rollouts_peak_gb"] = mem - 0.5
+        runs.append(bench.Run("sql_agent", 0, True, ["python"], 0, 300.0, rows=rows, arm=arm, verdicts=verdicts))
+    text = bench.render_arms("sql_agent", runs, header)
+    assert "| shared | 0 | 0.00 | 0.50 | **+0.50** | 0.50 → 0.50 | 1/1/0 → 1/0/1 | 2.00 GB | 5.0 min |" in text
+    assert "| per_role | 1 of 1 | **+0.45** | +0.45 | 1.50 GB |" in text
+    assert text.index("| shared |") < text.index("| frozen |") < text.index("| per_role |")

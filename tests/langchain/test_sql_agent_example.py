@@ -199,3 +199,44 @@ def test_the_run_file_trains_the_same_agent_with_lightning_rl_train(tmp_path: Pa
     roles = Counter(s.attributes.get(semconv.ROLE) for s in calls)
     assert roles["writer"] == 8 and roles["checker"] >= 8  # each rollout ran the graph through the plugin
     assert sum(r["train/n_transitions"] for r in train) == roles["writer"] + roles["rewriter"]
+
+
+def test_the_adapters_run_file_trains_one_adapter_per_role_and_answers_the_checker_from_the_base(
+    tmp_path: Path,
+) -> None:
+    """``lightning-rl train examples/sql_agent/adapters.toml``, short: the writer and the rewriter each
+    train their own LoRA adapter; the checker is answered by the base weights all along."""
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from lightning_rl.cli import main
+
+    out = tmp_path / "run"
+    overrides = [
+        f"run_dir={out}",
+        "val_tasks=null",
+        "warm_start.expert_steps=2",
+        "warm_start.polish_steps=2",
+        "warm_start.habit_steps=2",
+        "algorithm.steps=2",
+        "algorithm.batch_size=2",
+        "algorithm.group_size=2",
+        "algorithm.concurrency=4",
+        "algorithm.max_tokens=16",
+    ]
+    overrides.append("algorithm.skip_zero_advantage=false")  # a tie in every group must still make the adapters
+    argv = ["train", str(EXAMPLE / "adapters.toml"), "--quiet", *[a for o in overrides for a in ("--set", o)]]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "train/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for role in ("writer", "rewriter"):  # each role's own update, on its own adapter
+        assert train[0][f"train/adapter/{role}/optimizer_steps"] >= 1
+    spans = asyncio.run(_spans(out / "store.sqlite"))
+    calls = [s for s in spans if s.name == semconv.SPAN_LLM_CALL and "-s2-" in s.rollout_id]
+    served = {(s.attributes[semconv.ROLE], s.attributes.get(semconv.ADAPTER)) for s in calls}
+    assert ("writer", "writer") in served and ("checker", None) in served
+    assert all(s.attributes[semconv.MODEL_VERSION] == 0 for s in calls if s.attributes[semconv.ROLE] == "checker")
+    assert all(s.attributes.get(semconv.ADAPTER_VERSION) == 1 for s in calls if s.attributes[semconv.ROLE] == "writer")
+    adapters = out / "checkpoints" / "step_00002" / "adapters"
+    assert (adapters / "writer" / "adapter_config.json").is_file()
+    assert (adapters / "rewriter" / "adapter_model.safetensors").is_file()

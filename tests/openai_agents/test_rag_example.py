@@ -217,3 +217,40 @@ def test_the_run_file_trains_the_same_app_with_lightning_rl_train(tmp_path: Path
         # the plugin routed both agents: the answerer's calls trained, the planner's recorded only
         assert row["train/n_transitions"] >= 4 and row["train/untrainable_calls"] >= 4
         assert row["train/role/planner/weights_version"] == 0.0  # config.toml: untrainable_roles = "frozen"
+
+
+def test_the_adapters_run_file_trains_the_answerers_adapter_and_keeps_the_planner_on_the_base(
+    tmp_path: Path,
+) -> None:
+    """``lightning-rl train examples/rag_agent/adapters.toml``, short: the answerer trains its own LoRA
+    adapter, the planner is answered by the base weights (model version 0, no adapter)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from lightning_rl.cli import main
+
+    out = tmp_path / "run"
+    overrides = [
+        f"run_dir={out}",
+        "val_tasks=null",
+        "warm_start.expert_steps=2",
+        "warm_start.polish_steps=0",
+        "warm_start.habit_steps=2",
+        "algorithm.steps=2",
+        "algorithm.batch_size=2",
+        "algorithm.group_size=2",
+        "algorithm.concurrency=4",
+        "algorithm.max_tokens=24",
+    ]
+    # a 2-step warm start answers nothing, so every group ties: update anyway (zero advantages), so that
+    # the answerer's adapter is made, published and served
+    overrides.append("algorithm.skip_zero_advantage=false")
+    argv = ["train", str(EXAMPLE / "adapters.toml"), "--quiet", *[a for o in overrides for a in ("--set", o)]]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["train/role/planner/weights_version"] == 0.0 for r in steps)  # the base, all along
+    assert not any("train/role/planner/adapter_version" in r or "train/adapter/planner/loss" in r for r in steps)
+    assert steps[0]["train/adapter/answerer/optimizer_steps"] >= 1  # the answerer's own update
+    assert steps[-1]["train/role/answerer/adapter_version"] == 1.0  # step 2's calls: served by its adapter
+    assert (out / "checkpoints" / "step_00002" / "adapters" / "answerer" / "adapter_config.json").is_file()

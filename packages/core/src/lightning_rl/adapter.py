@@ -303,6 +303,8 @@ def adapt_attempt(
                 response_ids=_ints(attrs.get(semconv.RESPONSE_TOKEN_IDS), "response token id", span),
                 response_logprobs=[float(x) for x in logprobs] if isinstance(logprobs, list) else None,  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
                 model_version=attrs.get(semconv.MODEL_VERSION),
+                adapter=attrs.get(semconv.ADAPTER),
+                adapter_version=attrs.get(semconv.ADAPTER_VERSION),
                 role=str(role) if role is not None else None,
                 exact_tokens=bool(attrs.get(semconv.TOKENS_EXACT, True)),
                 truncated="length" in finish_list,

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["RoleSpec", "RoleSelector"]
+__all__ = ["RoleSpec", "RoleSelector", "adapter_name"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 RoleSpec = str | Iterable[str] | re.Pattern[str] | Callable[[str | None], bool] | Literal["all"] | None
 """What users pass as ``trainable=``: see the module docstring."""
@@ -51,3 +53,17 @@ class RoleSelector:
 
     def __call__(self, role: str | None) -> bool:
         return self.predicate(role)
+
+
+def adapter_name(role: str) -> str:
+    """The name of ``role``'s LoRA adapter under per-role adapters (``TrainerConfig.adapters="per_role"``).
+
+    PEFT keeps adapters in ``ModuleDict``s, whose keys may not contain ``.``, and the exported
+    adapters become folder names; so every character outside ``[A-Za-z0-9_-]`` becomes ``_``
+    (``team/writer`` -> ``team_writer``); a name inside ``lora_`` (PEFT's parameter prefix, which it
+    would confuse with the adapter on loading) gets a ``role_`` prefix. The trainer refuses two roles
+    that map to one name."""
+    if not role:
+        raise ValueError("a per-role adapter needs a role name; calls without a role are served by the base weights.")
+    name = _UNSAFE.sub("_", role)
+    return f"role_{name}" if name in "lora_" else name

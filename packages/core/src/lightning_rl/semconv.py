@@ -42,6 +42,8 @@ __all__ = [
     "RESPONSE_LOGPROBS",
     "TOKENS_EXACT",
     "MODEL_VERSION",
+    "ADAPTER",
+    "ADAPTER_VERSION",
     "CHOICE_INDEX",
     "TOOL_CALLS",
     "TOOL_CALL_PARSE_ERROR",
@@ -136,6 +138,10 @@ TOKENS_EXACT: Final = "lightning.tokens_exact"
 """False when token ids were derived from text (an upstream that returns no ids)."""
 MODEL_VERSION: Final = "lightning.model_version"
 """The weights version that produced the response."""
+ADAPTER: Final = "lightning.adapter"
+"""The LoRA adapter that produced the response (per-role adapters); absent: the base weights."""
+ADAPTER_VERSION: Final = "lightning.adapter_version"
+"""That adapter's version: how many times the engine loaded it (1 for its first weights)."""
 CHOICE_INDEX: Final = "lightning.choice_index"
 """Index of the choice when ``n > 1``."""
 TOOL_CALLS: Final = "lightning.tool_calls"

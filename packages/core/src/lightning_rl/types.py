@@ -314,6 +314,9 @@ class Transition(_Model):
     response_ids: list[int]
     response_logprobs: list[float] | None = None
     model_version: int | None = None
+    adapter: str | None = None
+    """The LoRA adapter that served the call (per-role adapters; None: the base weights)."""
+    adapter_version: int | None = None
     role: str | None = None
     reward: float = 0.0
     return_: float = Field(default=0.0, alias="return")

@@ -106,7 +106,8 @@ def render_rollout(console: Console, detail: dict[str, Any], *, full: bool = Fal
         for i, c in enumerate(view["calls"]):
             head = (
                 f"[bold]call {i}[/] role={c['role'] or '—'} model v{c['model_version']} "
-                f"prompt {c['prompt_tokens']} tok, response {c['response_tokens']} tok, "
+                + (f"adapter {c['adapter']} v{c['adapter_version']} " if c.get("adapter") else "")
+                + f"prompt {c['prompt_tokens']} tok, response {c['response_tokens']} tok, "
                 f"{'exact' if c['exact_tokens'] else '[yellow]INEXACT[/]'} tokens, "
                 f"finish {','.join(map(str, c['finish_reasons']))}"
             )

@@ -83,6 +83,8 @@ def call_row(span: Span, t0_ns: int) -> dict[str, Any]:
         "span_id": span.span_id,
         "role": attrs.get(semconv.ROLE),
         "model_version": attrs.get(semconv.MODEL_VERSION),
+        "adapter": attrs.get(semconv.ADAPTER),
+        "adapter_version": attrs.get(semconv.ADAPTER_VERSION),
         "api": attrs.get(semconv.API),
         "start_ms": (span.start_ns - t0_ns) / 1e6,
         "duration_ms": ((span.end_ns or span.start_ns) - span.start_ns) / 1e6,

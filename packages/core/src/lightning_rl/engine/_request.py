@@ -47,6 +47,7 @@ class Request:
     generator: torch.Generator
     streaming: bool
     version: int = 0
+    adapter_version: int | None = None
     token_ids: list[int] = field(default_factory=lambda: [])
     logprobs: list[float] = field(default_factory=lambda: [])
     top_logprobs: list[list[tuple[int, float]]] | None = None
@@ -154,6 +155,8 @@ class Request:
             finish_reason=finish,
             model_version=self.version,
             top_logprobs=self.top_logprobs[start:] if self.top_logprobs is not None else None,
+            adapter=self.params.adapter,
+            adapter_version=self.adapter_version,
         )
         if not self.deliver(delta):
             self.cancel()
@@ -177,6 +180,8 @@ class Request:
                 finish_reason=self.finish_reason,
                 model_version=self.version,
                 top_logprobs=self.top_logprobs[start:] if self.top_logprobs is not None else None,
+                adapter=self.params.adapter,
+                adapter_version=self.adapter_version,
             )
             return
         self._final = GenerationOutput(
@@ -187,6 +192,8 @@ class Request:
             model_version=self.version,
             prompt_len=len(self.prompt_ids),
             top_logprobs=self.top_logprobs,
+            adapter=self.params.adapter,
+            adapter_version=self.adapter_version,
         )
 
     def deliver_final(self) -> None:

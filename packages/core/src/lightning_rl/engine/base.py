@@ -35,6 +35,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     top_logprobs: int = 0
+    adapter: str | None = None
+    """The LoRA adapter to decode with (``TransformersEngine.enable_adapters``); None: the base weights."""
 
 
 @dataclass
@@ -48,6 +50,10 @@ class GenerationOutput:
     model_version: int
     prompt_len: int
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    adapter: str | None = None
+    """The LoRA adapter that produced it (None: the base weights)."""
+    adapter_version: int | None = None
+    """That adapter's version (how many times it was loaded)."""
 
 
 @dataclass
@@ -60,6 +66,8 @@ class StreamDelta:
     finish_reason: FinishReason | None = None
     model_version: int = 0
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    adapter: str | None = None
+    adapter_version: int | None = None
 
 
 @dataclass

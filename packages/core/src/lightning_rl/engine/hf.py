@@ -13,6 +13,10 @@ The worker runs a continuous-batching loop. Each iteration either
    the running KV cache (see ``_batch.KVBatch``), or
 3. runs one batched decode step for every running row.
 
+With ``enable_adapters`` each request may name a LoRA adapter (``SamplingParams.adapter``, per-role
+training; ``lightning_rl.engine.lora``): admitted prompts are prefilled one adapter at a time, and
+decode steps run every row together, each with its own adapter.
+
 Rows leave as soon as they finish or their caller cancels (a closed stream, a cancelled task), which
 frees their slot for the next waiting request. Sampling and logprobs follow
 ``lightning_rl.engine.logprobs`` exactly, in float32, with a per-request CPU ``torch.Generator``
@@ -23,16 +27,17 @@ alongside, up to float rounding differences between batch shapes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -42,6 +47,9 @@ from lightning_rl.engine.base import GenerationOutput, ParsedMessage, SamplingPa
 from lightning_rl.engine.logprobs import sampling_logprobs
 from lightning_rl.engine.toolcalls import parse_tool_calls
 from lightning_rl.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from lightning_rl.engine.lora import AdapterBank, AdapterWeights
 
 __all__ = ["TransformersEngine", "EngineStats"]
 
@@ -77,6 +85,8 @@ class _Swap:
     state_dict: Mapping[str, Any]
     version: int
     done: Future[None] = field(default_factory=lambda: Future())
+    apply: Callable[[], None] | None = None
+    """Instead of copying ``state_dict``: what to run (an adapter load, ``load_adapters``)."""
 
 
 def _resolve_dtype(dtype: DTypeName | torch.dtype | None, device: torch.device) -> torch.dtype | str:
@@ -170,6 +180,8 @@ class TransformersEngine:
         self._pad_id = int(pad if pad is not None else min(self._eos_ids))
         self._aliases = self._tied_groups(model)
         self._version = version
+        self._base_version = version  # the version of the base weights (per-role adapters: rows of no adapter)
+        self._adapters: AdapterBank | None = None
         self._stats = EngineStats(version=version)
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -380,6 +392,8 @@ class TransformersEngine:
             raise InvalidRequestError(f"top_logprobs must be >= 0, got {params.top_logprobs}")
         if any(not s for s in params.stop):
             raise InvalidRequestError("stop strings must be non-empty")
+        if params.adapter is not None and params.adapter not in self.adapter_names:
+            raise InvalidRequestError(f"no adapter {params.adapter!r} is loaded; loaded: {self.adapter_names}")
         return min(params.max_tokens, self._max_context - len(prompt_ids))
 
     def _submit(self, prompt_ids: Sequence[int], params: SamplingParams, streaming: bool) -> tuple[Request, Any]:
@@ -479,6 +493,46 @@ class TransformersEngine:
                 expected = tuple(own[key].shape)
                 raise InvalidRequestError(f"load_weights: {key} has shape {shape}, the model has {expected}")
 
+    # -- LoRA adapters, one per row (per-role training; lightning_rl.engine.lora) ---------------------
+
+    def enable_adapters(self, targets: Sequence[str]) -> None:
+        """Serve LoRA adapters over this model's own weights, chosen per request by
+        ``SamplingParams.adapter``: the modules named ``*.<target>`` get a per-row LoRA path. Call it
+        before the first request."""
+        from lightning_rl.engine.lora import AdapterBank
+
+        with self._cond:
+            if self._stats.requests or self._adapters is not None:
+                raise RuntimeError("enable_adapters() must be called once, before the engine serves any request.")
+            self._adapters = AdapterBank.install(self._model, targets)
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """The adapters loaded so far (empty without ``enable_adapters``)."""
+        return self._adapters.names if self._adapters is not None else []
+
+    def adapter_version(self, name: str) -> int | None:
+        """How many times adapter ``name`` was loaded (None: never)."""
+        return self._adapters.version_of(name) if self._adapters is not None else None
+
+    async def load_adapters(self, adapters: Mapping[str, AdapterWeights], version: int) -> None:
+        """Add or replace the named adapters as weights ``version``, between batches like ``load_weights``.
+
+        Only the named adapters change; the base weights and the other adapters stay as they are.
+        Calls served by an adapter afterwards report ``version`` as their model version, and the
+        adapter's own version (one more than before); calls of no adapter keep the base's version.
+        """
+        if self._adapters is None:
+            raise InvalidRequestError("this engine serves no adapters: call enable_adapters() first")
+        bank = self._adapters
+        swap = _Swap(state_dict={}, version=version, apply=lambda: bank.load(adapters))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the engine is closed; create a new one")
+            self._swaps.append(swap)
+            self._cond.notify_all()
+        await asyncio.wrap_future(swap.done)
+
     def close(self) -> None:
         """Stop the worker; requests still waiting or running fail with ``RuntimeError``."""
         with self._cond:
@@ -565,9 +619,25 @@ class TransformersEngine:
         admitted = [r for r in admitted if not r.cancelled]
         for request in admitted:
             request.version = self._version
+            if self._adapters is not None:
+                adapter = request.params.adapter
+                request.version = self._version if adapter is not None else self._base_version
+                request.adapter_version = self._adapters.version_of(adapter)
         return admitted
 
     def _prefill(self, admitted: list[Request]) -> None:
+        if self._adapters is None:
+            self._prefill_rows(admitted)
+            return
+        # one prefill per adapter: a prompt prefix shared across adapters has different keys and values
+        groups: dict[str | None, list[Request]] = {}
+        for request in admitted:
+            groups.setdefault(request.params.adapter, []).append(request)
+        for adapter, group in groups.items():
+            with self._adapters.uniform(self._adapters.slot(adapter)):
+                self._prefill_rows(group)
+
+    def _prefill_rows(self, admitted: list[Request]) -> None:
         try:
             logits = self._batch.prefill([r.prompt_ids for r in admitted])
         except Exception as exc:  # e.g. out of memory: fail the newcomers, the running rows are untouched
@@ -586,7 +656,10 @@ class TransformersEngine:
         self._sample(admitted, logits)
 
     def _decode(self) -> None:
-        logits = self._batch.decode([r.token_ids[-1] for r in self._running])
+        bank = self._adapters
+        rows = bank.rows([bank.slot(r.params.adapter) for r in self._running]) if bank else contextlib.nullcontext()
+        with rows:
+            logits = self._batch.decode([r.token_ids[-1] for r in self._running])
         with self._cond:
             self._stats.decode_steps += 1
             self._stats.peak_batch = max(self._stats.peak_batch, len(self._running))
@@ -648,8 +721,12 @@ class TransformersEngine:
         params = self._model.state_dict()
         for swap in swaps:
             try:
-                for key, value in swap.state_dict.items():
-                    params[key].copy_(torch.as_tensor(value))
+                if swap.apply is not None:
+                    swap.apply()
+                else:
+                    for key, value in swap.state_dict.items():
+                        params[key].copy_(torch.as_tensor(value))
+                    self._base_version = swap.version
             except Exception as exc:
                 swap.done.set_exception(exc)
                 continue

@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lightning_rl.gateway.adapters import RoleAdaptersBackend
     from lightning_rl.gateway.app import GatewayConfig, create_gateway_app
     from lightning_rl.gateway.frozen import FrozenRolesBackend
     from lightning_rl.gateway.recording import CallContext, build_llm_spans
@@ -40,6 +41,7 @@ __all__ = [
     "ChoiceResult",
     "StreamPiece",
     "FrozenRolesBackend",
+    "RoleAdaptersBackend",
     # recording
     "CallContext",
     "build_llm_spans",
@@ -58,6 +60,7 @@ _WHERE = {
     "ChoiceResult": "upstreams",
     "StreamPiece": "upstreams",
     "FrozenRolesBackend": "frozen",
+    "RoleAdaptersBackend": "adapters",
     "CallContext": "recording",
     "build_llm_spans": "recording",
 }

@@ -186,7 +186,7 @@ def _envelope(rid: str, created: int, model: str, chat: bool, choices: list[dict
 
 
 class _ChoiceAcc:
-    __slots__ = ("content", "raw", "ids", "lps", "calls", "finish", "version", "parse_error", "exact")
+    __slots__ = ("content", "raw", "ids", "lps", "calls", "finish", "version", "adapter", "parse_error", "exact")
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -196,6 +196,7 @@ class _ChoiceAcc:
         self.calls: dict[int, list[str]] = {}  # index -> [id, name, arguments...]
         self.finish: str | None = None
         self.version: int | None = None
+        self.adapter: tuple[str | None, int | None] = (None, None)
         self.parse_error: str | None = None
         self.exact = True
 
@@ -236,6 +237,8 @@ class StreamAccumulator:
             acc.finish = piece.finish_reason
         if piece.model_version is not None:
             acc.version = piece.model_version
+        if piece.adapter is not None:
+            acc.adapter = (piece.adapter, piece.adapter_version)
         if piece.parse_error is not None:
             acc.parse_error = piece.parse_error
 
@@ -260,6 +263,8 @@ class StreamAccumulator:
                     logprobs=acc.lps,
                     model_version=acc.version,
                     parse_error=acc.parse_error,
+                    adapter=acc.adapter[0],
+                    adapter_version=acc.adapter[1],
                 )
             )
         if exact:

@@ -136,6 +136,9 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
         attrs[sc.RESPONSE_TOKEN_IDS] = choice.token_ids
         attrs[sc.RESPONSE_LOGPROBS] = choice.logprobs
         attrs[sc.MODEL_VERSION] = choice.model_version
+        if choice.adapter is not None:
+            attrs[sc.ADAPTER] = choice.adapter
+            attrs[sc.ADAPTER_VERSION] = choice.adapter_version
         attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [choice.finish_reason]
         attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = len(choice.token_ids) if choice.token_ids is not None else None
         calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in choice.tool_calls]

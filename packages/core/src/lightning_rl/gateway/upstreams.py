@@ -94,6 +94,9 @@ class ChoiceResult:
     logprob_entries: list[dict[str, Any]] | None = None
     model_version: int | None = None
     parse_error: str | None = None
+    adapter: str | None = None
+    """The LoRA adapter that produced the choice (per-role adapters), and its version."""
+    adapter_version: int | None = None
 
 
 @dataclass(slots=True)
@@ -126,6 +129,8 @@ class StreamPiece:
     parse_error: str | None = None
     usage: dict[str, Any] | None = None
     tokens_exact: bool = True
+    adapter: str | None = None
+    adapter_version: int | None = None
 
 
 OnResult = Callable[[CallResult | None, BaseException | None], None]
@@ -371,6 +376,7 @@ class EngineBackend:
             choice.token_ids = out.token_ids
             choice.logprobs = out.logprobs
             choice.model_version = out.model_version
+            choice.adapter, choice.adapter_version = out.adapter, out.adapter_version
             if spec.want_logprobs:
                 choice.logprob_entries = self._entries(out.token_ids, out.logprobs, out.top_logprobs)
             choices.append(choice)
@@ -449,6 +455,8 @@ class EngineBackend:
             finish_reason=("stop" if reason == "tool_calls" else reason),
             model_version=d.model_version,
             prompt_ids=prompt_ids,
+            adapter=d.adapter,
+            adapter_version=d.adapter_version,
         )
 
     def _buffered_piece(
@@ -474,6 +482,8 @@ class EngineBackend:
             model_version=last.model_version,
             prompt_ids=prompt_ids,
             parse_error=choice.parse_error,
+            adapter=last.adapter,
+            adapter_version=last.adapter_version,
         )
 
 

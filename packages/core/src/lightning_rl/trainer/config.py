@@ -58,6 +58,14 @@ class TrainerConfig:
     second copy of the starting weights that no update reaches (one more copy of the model in memory;
     their calls keep recording weights version 0). Which roles are untrainable: ``Trainer(trainable=...)``
     when given, else the plugins' ``instrument(trainable=...)`` in this process."""
+    adapters: Literal["shared", "per_role"] = "shared"
+    """What the trainable roles train. ``shared``: one set of weights for every role (all of them, or
+    LoRA with ``backend.lora_rank``). ``per_role``: each trainable role trains its own LoRA adapter
+    (rank, alpha and targets from ``backend.lora_*``; ``lora_rank`` must be > 0) over one frozen base
+    model, with its own optimiser; the engine serves each call with its role's adapter, all roles in
+    one batch, and every other call (untrainable roles, calls of no role) with the base weights, so
+    ``untrainable_roles`` does not apply. One copy of the base is kept, shared by the engine and the
+    trainer. Policy gradient only (``update_rule="policy_gradient"``). See docs/adapters.md."""
     skip_zero_advantage: bool = True
     """Leave transitions with zero advantage out of the update (no gradient without a KL term)."""
     update_rule: str = "policy_gradient"
@@ -138,6 +146,18 @@ class TrainerConfig:
             raise ValueError(
                 f"TrainerConfig.untrainable_roles must be 'shared' or 'frozen', got {self.untrainable_roles!r}."
             )
+        if self.adapters not in ("shared", "per_role"):
+            raise ValueError(f"TrainerConfig.adapters must be 'shared' or 'per_role', got {self.adapters!r}.")
+        if self.adapters == "per_role":
+            if self.backend.lora_rank <= 0:
+                raise ValueError(
+                    "adapters='per_role' trains one LoRA adapter per role: set backend.lora_rank > 0 "
+                    "(in a run file, [algorithm.backend] lora_rank = 8)."
+                )
+            if self.update_rule != "policy_gradient":
+                raise ValueError(
+                    f"adapters='per_role' trains with update_rule='policy_gradient' only, got {self.update_rule!r}."
+                )
         if self.temperature <= 0:
             raise ValueError("training needs temperature > 0 (greedy sampling has no policy gradient).")
         self._resolve_precision()

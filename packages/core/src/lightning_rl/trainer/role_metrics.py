@@ -17,6 +17,9 @@ in the scored rollouts, ``<prefix>/role/<role>/...``:
   server reports versions, as the embedded engine does). A role answered by frozen weights
   (``TrainerConfig.untrainable_roles="frozen"``) stays at the starting version while the trained
   roles' version rises with each update.
+* ``adapter_version``: with per-role adapters (``TrainerConfig.adapters="per_role"``), the newest
+  version of the role's own LoRA adapter that answered its calls (absent for a role the base
+  weights answered: a frozen role, or a trainable role before its first update).
 
 Everything comes from the spans ``collect_samples`` has already read: no extra store query. Roles,
 AIR and which call a signal belongs to are the adapter's own (``adapt_attempt`` on the same spans),
@@ -72,6 +75,8 @@ class RoleCall:
     """The response called a tool."""
     weights_version: int | None = None
     """The weights version that answered the call (``None``: the server did not say)."""
+    adapter_version: int | None = None
+    """The version of the role's LoRA adapter that answered the call (``None``: the base weights)."""
 
 
 def role_key(role: str | None) -> str:
@@ -126,6 +131,7 @@ def role_calls(
             tool_error=n > 0,
             tool_call=_has_tool_call(t),
             weights_version=t.model_version,
+            adapter_version=t.adapter_version,
         )
         for t, n in zip(every, errors, strict=True)
     ]
@@ -167,6 +173,9 @@ def role_metrics(
         versions = [c.weights_version for c in group if c.weights_version is not None]
         if versions:
             out[f"{base}/weights_version"] = float(max(versions))
+        adapters = [c.adapter_version for c in group if c.adapter_version is not None]
+        if adapters:
+            out[f"{base}/adapter_version"] = float(max(adapters))
     return out
 
 

@@ -133,16 +133,20 @@ async def start_services(
     # loaded in the backend's dtype: no transient float32 copy of a bfloat16 base
     policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, config.backend.dtype))
 
-    backend = TorchBackend(
-        policy,
-        config.backend,
-        pad_token_id=int(engine.tokenizer.pad_token_id or 0),
-        publisher=engine_publisher(engine),
-        version=engine.version,
-    )
     frozen_engine = None
     served: Any = engine
-    if is_frozen is not None:
+    backend: PolicyBackend
+    if config.adapters == "per_role":
+        backend, served = _per_role_adapters(config, engine, policy)
+    else:
+        backend = TorchBackend(
+            policy,
+            config.backend,
+            pad_token_id=int(engine.tokenizer.pad_token_id or 0),
+            publisher=engine_publisher(engine),
+            version=engine.version,
+        )
+    if is_frozen is not None and config.adapters != "per_role":
         from lightning_rl.gateway.frozen import FrozenRolesBackend
         from lightning_rl.gateway.upstreams import EngineBackend
 
@@ -173,6 +177,25 @@ async def start_services(
         if frozen_engine is not None:
             frozen_engine.close()
         await store.close()
+
+
+def _per_role_adapters(config: TrainerConfig, engine: Any, policy: Any) -> tuple[PolicyBackend, Any]:
+    """The backend and gateway backend of ``adapters="per_role"``: the engine serves each role's
+    adapter per row, over the base weights the trainer shares with it (one copy in memory)."""
+    from lightning_rl.backends.per_role import PerRoleAdaptersBackend, adapter_publisher, share_base_weights
+    from lightning_rl.gateway.adapters import RoleAdaptersBackend
+    from lightning_rl.gateway.upstreams import EngineBackend
+
+    engine.enable_adapters(config.backend.lora_targets)
+    backend = PerRoleAdaptersBackend(
+        policy,
+        config.backend,
+        pad_token_id=int(engine.tokenizer.pad_token_id or 0),
+        publisher=adapter_publisher(engine),
+        version=engine.version,
+    )
+    share_base_weights(backend.model, engine.model)  # after the backend's own dtype/device cast
+    return backend, RoleAdaptersBackend(EngineBackend(engine))
 
 
 @contextlib.contextmanager

@@ -166,7 +166,7 @@ function timeline(spans) {
 function callCard(c, i) {
   return el("div", { class: "card call", "data-testid": "call" },
     el("div", { class: "card-head" }, el("b", {}, `call ${i}`), c.role ? el("span", { class: "role" }, c.role) : el("span", { class: "muted" }, "no role"),
-      el("span", { class: "muted" }, ` model v${c.model_version ?? "?"} · prompt ${c.prompt_tokens ?? "?"} tok · response ${c.response_tokens ?? "?"} tok · `),
+      el("span", { class: "muted" }, ` model v${c.model_version ?? "?"}${c.adapter ? ` · adapter ${c.adapter} v${c.adapter_version ?? "?"}` : ""} · prompt ${c.prompt_tokens ?? "?"} tok · response ${c.response_tokens ?? "?"} tok · `),
       c.exact_tokens ? el("span", { class: "ok" }, "exact tokens") : el("span", { class: "warn" }, "inexact tokens (from text)"),
       c.finish_reasons.length ? el("span", { class: "muted" }, " · finish " + c.finish_reasons.join(",")) : null),
     el("details", {}, el("summary", {}, `prompt (${c.prompt.length} messages)`),
