@@ -133,3 +133,24 @@ def test_precision_sets_the_engine_and_backend() -> None:
         TrainerConfig(precision="int8")
     with pytest.raises(ValueError, match="dtype"):
         TorchBackendConfig(dtype="float64")
+
+
+def test_recompute_in_the_update_pass_equals_a_separate_recompute(tiny_model_path: Path) -> None:
+    """With one optimizer step per update the old logprobs come from the update's own forward pass;
+    the step must be the one taken against logprobs recomputed beforehand."""
+    with TransformersEngine.from_pretrained(tiny_model_path, max_batch_size=8) as engine:
+        transitions = _sampled(engine, 4)
+    scored = [t.model_copy(update={"advantage": 1.0 if i % 2 else -0.5}) for i, t in enumerate(transitions)]
+    config = {"lr": 1e-2, "track_kl": False, "micro_batch_tokens": 64}  # several micro-batches
+    in_pass = TorchBackend(
+        AutoModelForCausalLM.from_pretrained(tiny_model_path), TorchBackendConfig(old_logprobs="recompute", **config)
+    )  # pyright: ignore[reportArgumentType]
+    separate = TorchBackend(
+        AutoModelForCausalLM.from_pretrained(tiny_model_path), TorchBackendConfig(old_logprobs="sampled", **config)
+    )  # pyright: ignore[reportArgumentType]
+    recomputed = separate.logprobs(scored)
+    given = [t.model_copy(update={"response_logprobs": lp}) for t, lp in zip(scored, recomputed, strict=True)]
+    a, b = in_pass.update(scored), separate.update(given)
+    assert a["train/ratio"] == pytest.approx(1.0) and b["train/ratio"] == pytest.approx(1.0, abs=1e-5)
+    for (name, p), q in zip(in_pass.model.named_parameters(), separate.model.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6), name

@@ -83,7 +83,9 @@ class TorchBackendConfig:
     """How token losses are averaged: per token, per transition, or per rollout."""
     old_logprobs: str = "sampled"
     """``sampled``: ratio against the engine's logprobs at sampling time (off-policy aware);
-    ``recompute``: against this model's logprobs before the update."""
+    ``recompute``: against this model's logprobs before the update. With one optimizer step per
+    update (``ppo_epochs == 1``, ``mini_batches == 1``) those are the update's own forward pass,
+    detached, so recomputing costs nothing; otherwise one no-grad pass over the batch first."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to a frozen copy of the initial model (0 = no reference kept)."""
     track_kl: bool = True
@@ -395,11 +397,15 @@ class TorchBackend:
             )
         started = time.perf_counter()
         self.model.train()
-        old = (
-            self.logprobs(usable)
-            if cfg.old_logprobs == "recompute"
-            else [list(t.response_logprobs or []) for t in usable]
-        )
+        # with one optimizer step per update, the policy before it is the one its only forward pass
+        # runs: the recomputed logprobs are that pass's own, detached, and need no pass of their own
+        in_pass = cfg.old_logprobs == "recompute" and cfg.ppo_epochs == 1 and cfg.mini_batches == 1
+        if in_pass:
+            old = [[0.0] * len(t.response_ids) for t in usable]  # filled in from each micro-batch's pass
+        elif cfg.old_logprobs == "recompute":
+            old = self.logprobs(usable)
+        else:
+            old = [list(t.response_logprobs or []) for t in usable]
         for t, o in zip(usable, old, strict=True):
             if len(o) != len(t.response_ids):
                 raise ValueError(
@@ -427,6 +433,8 @@ class TorchBackend:
                 for mb in self._pack(seqs):
                     rows = [chunk[i] for i in mb.indices]
                     logp, entropy = self._response_forward(self.model, mb, entropy=epoch == 0)
+                    if in_pass:
+                        _fill_rows(old, rows, logp.detach().cpu().tolist())
                     if entropy is not None:
                         entropy_sum += float(entropy.sum())
                         diag_tokens += entropy.numel()
@@ -767,6 +775,15 @@ class TorchBackend:
         else:
             log.warning("skipping optimizer step: gradient norm is %s", norm)
         return norm
+
+
+def _fill_rows(out: list[list[float]], rows: Sequence[int], flat: Sequence[float]) -> None:
+    """Write a micro-batch's flat per-token values back to its rows (``out[row]`` already has their length)."""
+    offset = 0
+    for row in rows:
+        n = len(out[row])
+        out[row] = list(flat[offset : offset + n])
+        offset += n
 
 
 def _split(order: list[int], parts: int) -> Iterator[list[int]]:
