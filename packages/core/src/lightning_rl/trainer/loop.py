@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import random
 import statistics
 import time
@@ -398,7 +399,10 @@ class Trainer:
 
     def _checkpoint(self, svc: Services, step: int) -> None:
         path = svc.backend.save_checkpoint(self.run_dir / "checkpoints" / f"step_{step:05d}")
-        (self.run_dir / "checkpoints" / "latest").write_text(str(path.parent.name))
+        # written aside and renamed: a kill mid-write must not leave an empty marker (resume would fail)
+        partial = self.run_dir / "checkpoints" / "latest.partial"
+        partial.write_text(str(path.parent.name))
+        os.replace(partial, self.run_dir / "checkpoints" / "latest")
 
     def _maybe_resume(self, svc: Services) -> int:
         marker = self.run_dir / "checkpoints" / "latest"
