@@ -118,7 +118,13 @@ async def start_services(
     run_dir = Path(config.run_dir)
     model_path = resolve_model(config.model)
     torch.manual_seed(config.seed)
-    store = await open_store(config.store) if config.store else SQLiteStore(run_dir / "store.sqlite")
+    if config.store and config.store.startswith(("http://", "https://")):
+        from lightning_rl.store.client import StoreClient
+
+        # a store server restarting (or its database) must not end a run of hours: retry through it
+        store: LightningStore = StoreClient(config.store, retry_for_s=config.store_retry_s)
+    else:
+        store = await open_store(config.store) if config.store else SQLiteStore(run_dir / "store.sqlite")
 
     def load_engine() -> TransformersEngine:
         return TransformersEngine.from_pretrained(
