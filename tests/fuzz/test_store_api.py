@@ -11,7 +11,8 @@ must still do its job (a rollout goes through enqueue, claim, spans and finish).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
+from lightning_rl.store.base import LightningStore  # noqa: E402
 from lightning_rl.store.client import StoreClient  # noqa: E402
 from lightning_rl.store.server import running_store_server, store_openapi  # noqa: E402
 from lightning_rl.store.sqlite import SQLiteStore  # noqa: E402
@@ -33,8 +35,8 @@ from .serving_helpers import served_in_thread  # noqa: E402
 
 pytestmark = pytest.mark.fuzz
 
-EXAMPLES = 20
-"""Examples per operation and mode: 18 operations x 2 modes x 20 = 720 requests (about 15 s)."""
+EXAMPLES = 15
+"""Examples per operation and mode and database: 18 operations x 2 modes x 15 = 540 requests each."""
 WAIT_CAP_S = 2.0
 """Long polls answer within their ``timeout_s``; the fuzzer draws it below this so a run stays short."""
 REQUEST_TIMEOUT_S = 15.0
@@ -51,13 +53,57 @@ SCHEMA = schemathesis.openapi.from_dict(_schema())
 OPERATIONS = [op.ok() for op in SCHEMA.get_all_operations()]
 
 
-@pytest.fixture(scope="module")
-def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+async def _open(kind: str, db: Path, request: pytest.FixtureRequest) -> tuple[LightningStore, Callable[[], None]]:
+    """The store, and how to leave nothing behind on the shared database servers."""
+    name = uuid.uuid4().hex[:12]
+    if kind == "postgres":
+        import psycopg
+        from psycopg import sql
+
+        from lightning_rl.store.postgres import PostgresStore
+
+        dsn: str = request.getfixturevalue("postgres_dsn")
+
+        def drop_schema() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(f"fz_{name}")))
+
+        return await PostgresStore.open(dsn, schema=f"fz_{name}"), drop_schema
+    if kind == "redis":
+        import redis
+
+        from lightning_rl.store.redis import RedisStore
+
+        url: str = request.getfixturevalue("redis_url")
+
+        def drop_keys() -> None:
+            with redis.Redis.from_url(url) as client:
+                keys = list(client.scan_iter(match=f"fz-{name}:*", count=1000))
+                for i in range(0, len(keys), 1000):
+                    client.delete(*keys[i : i + 1000])
+
+        return await RedisStore.open(url, prefix=f"fz-{name}:"), drop_keys
+    return SQLiteStore(db), lambda: None
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("redis", marks=pytest.mark.redis),
+    ],
+)
+def store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real store server over each database: their drivers refuse different values (PostgreSQL: NUL bytes)."""
     db: Path = tmp_path_factory.mktemp("fuzz-store") / "store.db"
+    kind: str = request.param
+    cleanup: list[Callable[[], None]] = []
 
     class _Served:
         async def __aenter__(self) -> str:
-            self.store = SQLiteStore(db)
+            self.store, drop = await _open(kind, db, request)
+            cleanup.append(drop)
             self.cm = running_store_server(self.store)
             return await self.cm.__aenter__()
 
@@ -65,8 +111,12 @@ def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             await self.cm.__aexit__(None, None, None)
             await self.store.close()
 
-    with served_in_thread(_Served) as (url, _loop):
-        yield url
+    try:
+        with served_in_thread(_Served) as (url, _loop):
+            yield url
+    finally:
+        for drop in cleanup:
+            drop()
 
 
 def check_answer(case: Any, response: Any) -> None:
