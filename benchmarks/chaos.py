@@ -245,6 +245,7 @@ class Chaos:
             else:
                 if kind == "kill mid-checkpoint":
                     await asyncio.to_thread(self.trainer.wait_checkpoint_started, 300.0)
+                    fault.started = time.monotonic()  # recovery counts from the kill, not the wait
                 if kind == "clean restart":
                     comp.stop()
                 else:
