@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -181,8 +182,12 @@ class PostgresServer(Component):
     def __init__(self, folder: Path) -> None:
         super().__init__("postgres", folder)
         self.port = free_port()
-        self.data = folder / "pgdata"
-        self.sockets = folder / "pgsock"
+        # The cluster lives in a folder of its own under the system's temp dir: run as root, the
+        # server drops to the postgres user, who may not be able to reach the run folder (mktemp -d).
+        self.home = Path(tempfile.mkdtemp(prefix="lightning-chaos-pg-"))
+        self.home.chmod(0o755)
+        self.data = self.home / "pgdata"
+        self.sockets = self.home / "pgsock"
         if not self.data.exists():
             self.data.mkdir(parents=True)
             self.sockets.mkdir(exist_ok=True)
@@ -224,6 +229,10 @@ class PostgresServer(Component):
                 return True
         except OSError:
             return False
+
+    def remove(self) -> None:
+        """Delete the cluster (after the final stop; a clean restart only stops it)."""
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 class RedisServer(Component):

@@ -24,10 +24,11 @@ held-out reward rose from the first validation to the last. Exit status 1 if any
 
     uv run python benchmarks/chaos.py --backend postgres --minutes 30
     uv run python benchmarks/chaos.py --backend redis-always --minutes 30
-    uv run python benchmarks/chaos.py --quick --backend postgres     # CI: 3 minutes, untrained tiny model
+    uv run python benchmarks/chaos.py --quick --minutes 1.5 --backend postgres --seed 1   # CI (and redis-always)
 
 ``--quick`` trains the untrained tiny model (no 2-minute warm start), so it checks everything but
-learning. The full run warm-starts once (``--warm-start``, reused when present).
+learning, and spreads its few faults over the components (the one hit least so far is next). The
+full run warm-starts once (``--warm-start``, reused when present).
 """
 
 from __future__ import annotations
@@ -224,6 +225,10 @@ class Chaos:
         idle = [c for c in self.components if c.name not in self.busy and c.alive()]
         if not idle:
             return
+        if self.quick:  # a short run has few faults: spread them so every component gets some
+            hits = Counter(f.target for f in self.faults)
+            fewest = min(hits[c.name] for c in idle)
+            idle = [c for c in idle if hits[c.name] == fewest]
         comp = self.rng.choice(idle)
         kinds = ["kill", "pause"]
         if comp is self.db:
@@ -285,6 +290,8 @@ class Chaos:
         finally:
             for comp in [*self.runners, self.trainer, self.store, self.db]:
                 comp.stop()
+            if isinstance(self.db, PostgresServer):
+                self.db.remove()
         result["wall_min"] = (time.monotonic() - started) / 60
         return result
 
