@@ -35,7 +35,7 @@ from .serving_helpers import BackgroundLoop, served_in_thread  # noqa: E402
 
 pytestmark = pytest.mark.fuzz
 
-EXAMPLES = 15
+EXAMPLES = 10
 """Examples per operation and mode (each valid call decodes at most 4 tokens x n of the tiny model)."""
 REQUEST_TIMEOUT_S = 30.0
 """A call of at most 8 tokens on the tiny model answers in well under a second; 30 s is a hang."""
