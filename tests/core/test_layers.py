@@ -12,7 +12,7 @@ already has one.
 The floors, lowest first, and why each sits where it does:
 
 0. foundations: errors, types, span names, extras, credentials, role selection, the HTTP serving
-   helpers and what core reads from a LangChain run;
+   helpers, the OpenAPI document builder and what core reads from a LangChain run;
 1. the store, the engine (generation) and credit assignment (pure functions on rewards);
 2. the gateway (serves the engine or an upstream, writes spans to the store);
 3. the agent-side ``LLM`` handle (points at a gateway);
@@ -49,6 +49,7 @@ FLOORS: dict[str, int] = {
     "lightning_rl.credentials": 0,
     "lightning_rl.roles": 0,
     "lightning_rl._serving": 0,
+    "lightning_rl._openapi": 0,
     "lightning_rl.langchain_runs": 0,
     "lightning_rl.store": 1,
     "lightning_rl.engine": 1,

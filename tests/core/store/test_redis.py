@@ -412,3 +412,31 @@ def test_docs_example_runs(redis_url: str, redis_prefix: str, capsys: pytest.Cap
     assert documented in code
     exec(compile(code.replace(documented, f"{redis_url}?prefix={redis_prefix}"), "docs/stores.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "succeeded 1.0"
+
+
+async def test_the_trainer_publishes_through_a_database_restart(own_redis: RedisServer) -> None:
+    """Issue 45 (found by benchmarks/chaos.py): with the store server's database down, the server
+    answers 503 and the client does not retry ``add_resources`` (a retry could publish twice), so
+    the trainer died. ``publish_resources`` retries it for ``store_retry_s``: the run goes on."""
+    from lightning_rl.store.client import StoreClient
+    from lightning_rl.store.redis import RedisStore
+    from lightning_rl.store.server import running_store_server
+    from lightning_rl.trainer.services import publish_resources
+    from lightning_rl.types import LLMResource
+
+    llm = LLMResource(base_url="http://127.0.0.1:9/v1", model="m")
+    backend = await RedisStore.open(own_redis.url)
+    try:
+        async with running_store_server(backend) as url, StoreClient(url) as client:
+            first = await publish_resources(client, llm=llm, extra={}, retry_s=30)
+            own_redis.kill()
+            with pytest.raises(StoreUnavailableError):
+                await client.add_resources(llm=llm)  # what the trainer called before: one 503, gone
+            later = asyncio.create_task(publish_resources(client, llm=llm, extra={"n": 2}, retry_s=60))
+            await asyncio.sleep(2.0)
+            assert not later.done()
+            own_redis.start()
+            second = await asyncio.wait_for(later, 60)
+            assert second.version > first.version and second.extra == {"n": 2}
+    finally:
+        await backend.close()

@@ -23,6 +23,7 @@ import contextlib
 import copy
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -696,9 +697,16 @@ class TorchBackend:
         return self.version
 
     def save_checkpoint(self, directory: str | Path) -> Path:
-        """Weights, optimizer state, step and version, enough to resume exactly."""
+        """Weights, optimizer state, step and version, enough to resume exactly.
+
+        Written to a temporary file, flushed to disk and renamed over ``policy.pt``, so a process
+        killed mid-save leaves the previous checkpoint whole: the trainer saves the last step twice
+        (in the loop and at the end), and a kill during the second save used to leave the file the
+        ``latest`` marker names truncated, a run that could never resume (found by benchmarks/chaos.py).
+        """
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
+        partial = path / "policy.pt.partial"
         torch.save(
             {
                 "model": self.model.state_dict(),
@@ -709,8 +717,11 @@ class TorchBackend:
                 "torch_rng": torch.get_rng_state(),
                 "sft_rng": self._sft_rng.getstate(),
             },
-            path / "policy.pt",
+            partial,
         )
+        with partial.open("rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(partial, path / "policy.pt")
         return path / "policy.pt"
 
     def load_checkpoint(self, directory: str | Path) -> None:

@@ -314,5 +314,18 @@ async def rollout_detail(store: LightningStore, rollout_id: str, settings: Credi
         "rollout": rollout.model_dump(mode="json"),
         "reward": final_reward(rollout, last_spans) if last is not None else rollout.final_reward,
         "attempts": views,
-        "credit": await credit_view(store, rollout, last, last_spans, settings),
+        "credit": await _credit_or_why_not(store, rollout, last, last_spans, settings),
     }
+
+
+async def _credit_or_why_not(
+    store: LightningStore, rollout: Rollout, attempt: Attempt | None, spans: Sequence[Span], settings: CreditSettings
+) -> dict[str, Any]:
+    """``credit_view``, or, when the adapter cannot read the attempt's spans (an ``llm.call`` span
+    that no Lightning gateway recorded, e.g. sent over OTLP), an empty view whose note says why: the
+    page still shows the rollout, its attempts and spans (this was a 500, found by tests/fuzz)."""
+    try:
+        return await credit_view(store, rollout, attempt, spans, settings)
+    except ValueError as exc:
+        note = f"no credit view: the adapter cannot read this rollout's (or its group's) spans: {exc}"
+        return {"settings": settings.to_json(), "rows": [], "note": note, "group": None, "unattached_signals": []}

@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import ssl
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlsplit
@@ -372,6 +373,9 @@ class StoreClient:
         timeout_s: Per-request timeout (``wait_for_rollouts`` adds its own wait on top).
         retries: How many times a failed request is retried (connection errors and 5xx only).
         backoff_s: First retry delay; doubles on each retry, capped at 2 s.
+        retry_for_s: Keep retrying (every 2 s at most) until a failure has lasted this long, even
+            after ``retries`` tries: long enough to outlast a restart of the store server or its
+            database (the trainer uses ``TrainerConfig.store_retry_s``). 0: ``retries`` alone decides.
         max_connections: Most requests in flight at once (each holds one keep-alive connection).
         http_client: An ``httpx.AsyncClient`` to use instead of the default one (custom TLS, proxies,
             transports or event hooks). The caller keeps ownership: ``close()`` does not close it.
@@ -385,6 +389,7 @@ class StoreClient:
         timeout_s: float = 30.0,
         retries: int = 5,
         backoff_s: float = 0.05,
+        retry_for_s: float = 0.0,
         max_connections: int = 256,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
@@ -392,8 +397,11 @@ class StoreClient:
             raise InvalidRequestError(f"retries must be >= 0, got {retries}.")
         self.url = url.rstrip("/")
         self._timeout_s = timeout_s
+        if not retry_for_s >= 0:
+            raise InvalidRequestError(f"retry_for_s must be >= 0 seconds, got {retry_for_s}.")
         self._retries = retries
         self._backoff_s = backoff_s
+        self._retry_for_s = retry_for_s
         self._headers = {"content-type": "application/json"}
         if token and any(c.isspace() for c in token):
             raise InvalidRequestError("the store token must not contain whitespace or line breaks.")
@@ -570,8 +578,11 @@ class StoreClient:
         timeout = timeout_s if timeout_s is not None else self._timeout_s
         maybe_applied = False
         delay = self._backoff_s
-        for attempt in range(self._retries + 1):
-            last = attempt == self._retries
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            # the last try: the retry count is spent and so is the time budget (``retry_for_s``)
+            last = attempt >= self._retries and time.monotonic() - started + delay > self._retry_for_s
             try:
                 status, raw = await self._transport.request(method, path, content, self._headers, timeout)
             except TransportError as exc:
@@ -593,7 +604,7 @@ class StoreClient:
             logger.debug("store request %s %s failed (try %d); retrying in %.2f s", method, path, attempt + 1, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")  # pragma: no cover
+            attempt += 1
 
 
 def _q(segment: str) -> str:

@@ -32,7 +32,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightning_rl._serving import http_protocol, send_json, wait_until_serving
@@ -66,6 +66,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "error_body",
     "error_response",
+    "store_openapi",
 ]
 
 logger = logging.getLogger(__name__)
@@ -413,12 +414,26 @@ _ROUTES: list[tuple[str, _Route]] = [
 methods name the same paths."""
 
 
+def store_openapi() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the store routes, built from ``_ROUTES`` and the body models the
+    server parses with (``lightning_rl._openapi``): what schema-driven fuzzers and client generators
+    read. OTLP ingest (``POST /v1/traces``) is OpenTelemetry's protocol and is not described here."""
+    from lightning_rl import _openapi
+
+    routes = [
+        (path, r.method, r.body_model, (r.fn.__doc__ or r.fn.__name__.strip("_")).splitlines()[0])
+        for path, r in _ROUTES
+    ]
+    return _openapi.build_openapi("Lightning store", "1", routes, errors=(400, 401, 404, 405, 409, 413))
+
+
 def create_store_app(
     store: LightningStore,
     token: str | None = None,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     expire_interval_s: float = 1.0,
+    openapi_url: str | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``store`` (see the module docstring for the rules it follows).
 
@@ -430,6 +445,8 @@ def create_store_app(
         token: If set, every request must carry ``Authorization: Bearer <token>``.
         max_body_bytes: Larger request bodies are refused with 413.
         expire_interval_s: How often the app's lifespan task calls ``store.expire()``; 0 disables it.
+        openapi_url: Serve ``store_openapi()`` at this path (e.g. ``/openapi.json``, for a fuzzer or a
+            client generator); None, the default, serves no schema.
     """
 
     @contextlib.asynccontextmanager
@@ -466,6 +483,13 @@ def create_store_app(
         return Response(content, media_type=media_type)
 
     app.router.add_route("/v1/traces", otlp_traces, methods=["POST"], include_in_schema=False)
+    if openapi_url is not None:
+        document = store_openapi()
+
+        async def openapi(_request: Request) -> Response:
+            return JSONResponse(document)
+
+        app.router.add_route(openapi_url, openapi, methods=["GET"], include_in_schema=False)
 
     async def http_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)

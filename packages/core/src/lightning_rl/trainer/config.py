@@ -25,6 +25,10 @@ class TrainerConfig:
     store: str | None = None
     """The store's URL or path (``postgresql://...``, ``sqlite:///path``, a SQLite file; see
     ``lightning_rl.store.open_store``). None: ``<run_dir>/store.sqlite``. Embedded services only."""
+    store_retry_s: float = 120.0
+    """With a store server (``store = "http://..."``): how long a failing store call is retried
+    before the run gives up, so a restart of the server or of its database does not end the run
+    (benchmarks/chaos.py restarts both under training)."""
     steps: int = 20
     """Policy updates to run."""
     batch_size: int = 16

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import random
 import statistics
 import time
@@ -46,10 +47,11 @@ from lightning_rl.trainer.metrics import (
 )
 from lightning_rl.trainer.progress import StepProgress
 from lightning_rl.trainer.role_metrics import RoleCall, role_calls, role_metrics
-from lightning_rl.trainer.services import Services, start_services
+from lightning_rl.trainer.services import Services, publish_resources, start_services
 from lightning_rl.trainer.update_rules import UpdateRule, make_update_rule
 from lightning_rl.types import (
     LLMResource,
+    Resources,
     Rollout,
     RolloutConfig,
     RolloutRequest,
@@ -250,7 +252,7 @@ class Trainer:
         t0 = time.perf_counter()
         memory = PeakMemory()  # which phase of the step the process's peak resident memory belongs to
         # 1. publish resources: the endpoint, sampling and weights version the rollouts of this step run with
-        resources = await svc.store.add_resources(llm=self._llm(svc, cfg.temperature), extra=self._weights(svc))
+        resources = await self._publish(svc, cfg.temperature)
         # 2. enqueue each task group_size times; one group id per task so GRPO compares like with like
         requests = [
             RolloutRequest(
@@ -324,7 +326,7 @@ class Trainer:
         """Mean reward on held-out tasks (one rollout each) with the current weights."""
         cfg = self.config
         temperature = cfg.val_temperature if cfg.val_temperature is not None else cfg.temperature
-        resources = await svc.store.add_resources(llm=self._llm(svc, temperature), extra=self._weights(svc))
+        resources = await self._publish(svc, temperature)
         memory = PeakMemory()
         requests = [
             RolloutRequest(
@@ -366,6 +368,11 @@ class Trainer:
         sampling: dict[str, Any] = {"temperature": temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens}
         return LLMResource(base_url=svc.gateway_url, model=svc.model_name, sampling=sampling)
 
+    async def _publish(self, svc: Services, temperature: float) -> Resources:
+        """A new resources version for the next rollouts (retried through a store outage)."""
+        llm, extra = self._llm(svc, temperature), self._weights(svc)
+        return await publish_resources(svc.store, llm=llm, extra=extra, retry_s=self.config.store_retry_s)
+
     def _weights(self, svc: Services) -> dict[str, object]:
         """What a resources version records about the weights: the version the engine serves and
         the update rule that produced it (the store's resources history is the run's model history)."""
@@ -398,7 +405,10 @@ class Trainer:
 
     def _checkpoint(self, svc: Services, step: int) -> None:
         path = svc.backend.save_checkpoint(self.run_dir / "checkpoints" / f"step_{step:05d}")
-        (self.run_dir / "checkpoints" / "latest").write_text(str(path.parent.name))
+        # written aside and renamed: a kill mid-write must not leave an empty marker (resume would fail)
+        partial = self.run_dir / "checkpoints" / "latest.partial"
+        partial.write_text(str(path.parent.name))
+        os.replace(partial, self.run_dir / "checkpoints" / "latest")
 
     def _maybe_resume(self, svc: Services) -> int:
         marker = self.run_dir / "checkpoints" / "latest"

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import gc
 import sys
+import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from dataclasses import dataclass
@@ -27,10 +28,12 @@ from lightning_rl.agent import AgentFn
 from lightning_rl.backends.base import PolicyBackend
 from lightning_rl.backends.publish import engine_publisher
 from lightning_rl.backends.torch_backend import TorchBackend
+from lightning_rl.errors import StoreUnavailableError
 from lightning_rl.store.base import LightningStore
 from lightning_rl.trainer.config import TrainerConfig
+from lightning_rl.types import LLMResource, Resources
 
-__all__ = ["Services", "start_services", "serving_rollouts", "resolve_model"]
+__all__ = ["Services", "start_services", "serving_rollouts", "resolve_model", "publish_resources"]
 
 _SWITCH_INTERVAL_S = 0.0005
 
@@ -118,7 +121,13 @@ async def start_services(
     run_dir = Path(config.run_dir)
     model_path = resolve_model(config.model)
     torch.manual_seed(config.seed)
-    store = await open_store(config.store) if config.store else SQLiteStore(run_dir / "store.sqlite")
+    if config.store and config.store.startswith(("http://", "https://")):
+        from lightning_rl.store.client import StoreClient
+
+        # a store server restarting (or its database) must not end a run of hours: retry through it
+        store: LightningStore = StoreClient(config.store, retry_for_s=config.store_retry_s)
+    else:
+        store = await open_store(config.store) if config.store else SQLiteStore(run_dir / "store.sqlite")
 
     def load_engine() -> TransformersEngine:
         return TransformersEngine.from_pretrained(
@@ -227,3 +236,26 @@ def _interpreter_tuned_for_serving() -> Generator[None]:
         sys.setswitchinterval(interval)
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+
+
+async def publish_resources(
+    store: LightningStore, *, llm: LLMResource, extra: dict[str, object], retry_s: float
+) -> Resources:
+    """``store.add_resources``, retried for ``retry_s`` while the store is unavailable.
+
+    The store client never retries ``add_resources`` on its own once the request may have reached
+    the server (a retry could publish a second version). The trainer can: a duplicate version is
+    harmless, since every rollout names the version it was enqueued with, while giving up ends the
+    run. Without this, a store server whose database was restarting answered 503 and the trainer
+    died (found by benchmarks/chaos.py).
+    """
+    deadline = time.monotonic() + retry_s
+    delay = 0.25
+    while True:
+        try:
+            return await store.add_resources(llm=llm, extra=extra)
+        except StoreUnavailableError:
+            if time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
