@@ -7,7 +7,6 @@ PPO ratio may be taken against the engine's sampled logprobs or must be recomput
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig, fast_bfloat16
-from lightning_rl.engine.base import SamplingParams
 from lightning_rl.engine.hf import TransformersEngine
 from lightning_rl.types import Transition
+
+from .conftest import sampled_transitions
 
 BF16_GAP = 0.02
 """Largest |bfloat16 recomputed - float32 sampled| logprob allowed. Measured on the tiny model (the 96
@@ -28,20 +28,8 @@ only."""
 
 
 def _sampled(model_path: Path) -> list[Transition]:
-    async def run() -> list[Transition]:
-        with TransformersEngine.from_pretrained(model_path, max_batch_size=8) as engine:
-            prompts = [engine.encode_text(f"question {i}: what is {i} plus {i}?") for i in range(8)]
-            outs = await asyncio.gather(
-                *(engine.generate(p, SamplingParams(max_tokens=12, seed=i)) for i, p in enumerate(prompts))
-            )
-        return [
-            Transition(
-                prompt_ids=p, response_ids=o.token_ids, response_logprobs=o.logprobs, rollout_id=f"r{i}", attempt_id="a"
-            )
-            for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
-        ]
-
-    return asyncio.run(run())
+    with TransformersEngine.from_pretrained(model_path, max_batch_size=8) as engine:
+        return sampled_transitions(engine)
 
 
 def test_bfloat16_autocast_logprobs_stay_within_rounding_of_the_float32_engine(tiny_model_path: Path) -> None:

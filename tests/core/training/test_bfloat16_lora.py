@@ -10,7 +10,6 @@ the PPO ratio's two sides can drift apart.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig, fast_bfloat16
-from lightning_rl.engine.base import SamplingParams
 from lightning_rl.engine.hf import TransformersEngine
 from lightning_rl.trainer.config import TrainerConfig
-from lightning_rl.types import Transition
+
+from .conftest import sampled_transitions
 
 pytest.importorskip("peft")
 
@@ -40,22 +39,6 @@ def _bf16_backend(path: Path, **overrides: object) -> TorchBackend:
     return TorchBackend(model, TorchBackendConfig(**settings))  # pyright: ignore[reportArgumentType]
 
 
-def _sampled(engine: TransformersEngine, n: int = 8) -> list[Transition]:
-    async def run() -> list[Transition]:
-        prompts = [engine.encode_text(f"question {i}: what is {i} plus {i}?") for i in range(n)]
-        outs = await asyncio.gather(
-            *(engine.generate(p, SamplingParams(max_tokens=12, seed=i)) for i, p in enumerate(prompts))
-        )
-        return [
-            Transition(
-                prompt_ids=p, response_ids=o.token_ids, response_logprobs=o.logprobs, rollout_id=f"r{i}", attempt_id="a"
-            )
-            for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
-        ]
-
-    return asyncio.run(run())
-
-
 def test_the_base_is_bfloat16_and_the_adapters_and_head_float32(tiny_model_path: Path) -> None:
     backend = _bf16_backend(tiny_model_path)
     trainable = {n: p for n, p in backend.model.named_parameters() if p.requires_grad}
@@ -68,7 +51,7 @@ def test_the_base_is_bfloat16_and_the_adapters_and_head_float32(tiny_model_path:
 def test_publishing_leaves_the_base_untouched_and_merges_in_float32(tiny_model_path: Path) -> None:
     backend = _bf16_backend(tiny_model_path)
     with TransformersEngine.from_pretrained(tiny_model_path, dtype="bfloat16", max_batch_size=8) as engine:
-        batch = [t.model_copy(update={"advantage": 1.0}) for t in _sampled(engine, 2)]
+        batch = [t.model_copy(update={"advantage": 1.0}) for t in sampled_transitions(engine, 2)]
     backend.update(batch)  # the adapters are no longer zero
     base_before = {k: v.clone() for k, v in backend.model.get_base_model().state_dict().items() if "lora_" not in k}  # pyright: ignore[reportCallIssue, reportUnknownMemberType, reportUnknownVariableType, reportAttributeAccessIssue]
     state = backend.state_dict_for_inference()
@@ -87,7 +70,7 @@ def test_publishing_leaves_the_base_untouched_and_merges_in_float32(tiny_model_p
 
 def test_recomputed_logprobs_stay_within_rounding_of_a_bfloat16_engine(tiny_model_path: Path) -> None:
     with TransformersEngine.from_pretrained(tiny_model_path, dtype="bfloat16", max_batch_size=8) as engine:
-        transitions = _sampled(engine)
+        transitions = sampled_transitions(engine)
     backend = _bf16_backend(tiny_model_path)
     recomputed = backend.logprobs(transitions)
     gaps = torch.cat(
@@ -102,7 +85,7 @@ def test_recomputed_logprobs_stay_within_rounding_of_a_bfloat16_engine(tiny_mode
 
 def test_an_update_on_a_bfloat16_base_moves_logprobs_with_the_advantage(tiny_model_path: Path) -> None:
     with TransformersEngine.from_pretrained(tiny_model_path, dtype="bfloat16", max_batch_size=8) as engine:
-        transitions = _sampled(engine, 4)
+        transitions = sampled_transitions(engine, 4)
     backend = _bf16_backend(tiny_model_path)
     scored = [t.model_copy(update={"advantage": 1.0 if i % 2 else -1.0}) for i, t in enumerate(transitions)]
     before = backend.logprobs(scored)
@@ -139,7 +122,7 @@ def test_recompute_in_the_update_pass_equals_a_separate_recompute(tiny_model_pat
     """With one optimizer step per update the old logprobs come from the update's own forward pass;
     the step must be the one taken against logprobs recomputed beforehand."""
     with TransformersEngine.from_pretrained(tiny_model_path, max_batch_size=8) as engine:
-        transitions = _sampled(engine, 4)
+        transitions = sampled_transitions(engine, 4)
     scored = [t.model_copy(update={"advantage": 1.0 if i % 2 else -0.5}) for i, t in enumerate(transitions)]
     config = {"lr": 1e-2, "track_kl": False, "micro_batch_tokens": 64}  # several micro-batches
     in_pass = TorchBackend(

@@ -33,7 +33,12 @@ from typing import Any
 
 import torch
 
-from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
+from lightning_rl.backends.torch_backend import (
+    TorchBackend,
+    TorchBackendConfig,
+    load_checkpoint_file,
+    save_checkpoint_file,
+)
 from lightning_rl.engine.lora import AdapterWeights
 from lightning_rl.roles import adapter_name
 from lightning_rl.types import Transition
@@ -289,8 +294,8 @@ class PerRoleAdaptersBackend(TorchBackend):
         """Every adapter (and its optimiser state and version), the step and model version, the RNG
         states; and each adapter in PEFT format under ``directory/adapters/``."""
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        torch.save(
+        save_checkpoint_file(
+            path,
             {
                 "adapters": {name: self.adapter_state(name) for name in self.roles},
                 "roles": dict(self.roles),
@@ -301,7 +306,6 @@ class PerRoleAdaptersBackend(TorchBackend):
                 "config": asdict(self.config),
                 "torch_rng": torch.get_rng_state(),
             },
-            path / "policy.pt",
         )
         if self.roles:
             self.export_adapters(path / "adapters")
@@ -312,9 +316,7 @@ class PerRoleAdaptersBackend(TorchBackend):
         from peft import set_peft_model_state_dict  # pyright: ignore[reportMissingImports]
 
         path = Path(directory) / "policy.pt"
-        if not path.exists():
-            raise FileNotFoundError(f"no checkpoint at {path}; pass the folder a previous run saved.")
-        state: dict[str, Any] = torch.load(path, map_location=self.device, weights_only=False)
+        state = load_checkpoint_file(directory, self.device)
         if "adapters" not in state:
             raise ValueError(f"{path} holds no per-role adapters; it was written without adapters='per_role'.")
         for name, role in state["roles"].items():

@@ -55,6 +55,8 @@ __all__ = [
     "fast_bfloat16",
     "response_logits",
     "shared_prefix_len",
+    "save_checkpoint_file",
+    "load_checkpoint_file",
 ]
 
 log = logging.getLogger(__name__)
@@ -704,10 +706,8 @@ class TorchBackend:
         (in the loop and at the end), and a kill during the second save used to leave the file the
         ``latest`` marker names truncated, a run that could never resume (found by benchmarks/chaos.py).
         """
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        partial = path / "policy.pt.partial"
-        torch.save(
+        return save_checkpoint_file(
+            directory,
             {
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
@@ -717,18 +717,10 @@ class TorchBackend:
                 "torch_rng": torch.get_rng_state(),
                 "sft_rng": self._sft_rng.getstate(),
             },
-            partial,
         )
-        with partial.open("rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(partial, path / "policy.pt")
-        return path / "policy.pt"
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        path = Path(directory) / "policy.pt"
-        if not path.exists():
-            raise FileNotFoundError(f"no checkpoint at {path}; pass the folder a previous run saved.")
-        state: dict[str, Any] = torch.load(path, map_location=self.device, weights_only=False)
+        state = load_checkpoint_file(directory, self.device)
         self._snapshot_start()  # the start is what these weights were, not what the checkpoint holds
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -786,6 +778,28 @@ class TorchBackend:
         else:
             log.warning("skipping optimizer step: gradient norm is %s", norm)
         return norm
+
+
+def save_checkpoint_file(directory: str | Path, state: Mapping[str, Any]) -> Path:
+    """``torch.save`` ``state`` as ``directory/policy.pt``, atomically: written aside, flushed to disk,
+    then renamed over the old file, so a kill mid-save leaves the previous checkpoint whole."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    partial = path / "policy.pt.partial"
+    torch.save(dict(state), partial)
+    with partial.open("rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(partial, path / "policy.pt")
+    return path / "policy.pt"
+
+
+def load_checkpoint_file(directory: str | Path, device: torch.device) -> dict[str, Any]:
+    """What ``save_checkpoint_file`` wrote in ``directory``; a clear error when there is none."""
+    path = Path(directory) / "policy.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}; pass the folder a previous run saved.")
+    state: dict[str, Any] = torch.load(path, map_location=device, weights_only=False)
+    return state
 
 
 def _fill_rows(out: list[list[float]], rows: Sequence[int], flat: Sequence[float]) -> None:
