@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
+import threading
+import time
 from pathlib import Path
 
-__all__ = ["git_commit", "cpu_name", "per_step", "parse_seeds", "generated_line"]
+__all__ = ["git_commit", "cpu_name", "per_step", "parse_seeds", "generated_line", "RssSampler", "logged_peak_gb"]
 
 
 def git_commit() -> str:
@@ -70,3 +72,71 @@ def generated_line(script: str, argv: list[str] | None, machine: str) -> str:
     args = " ".join(argv if argv is not None else sys.argv[1:])
     command = f"uv run python benchmarks/{script} {args}".strip()
     return f"Generated {stamp} at commit `{git_commit()}` by `{command}` ({cpu_name()}, {machine})."
+
+
+def logged_peak_gb(metrics: Path) -> float:
+    """The largest ``mem/<phase>_peak_gb`` a run logged (0.0 if none): the process's peak resident
+    memory. Not its exit rusage: the trainer resets the kernel's high-water mark at every phase
+    (``lightning_rl.memory.PeakMemory``), so ``wait4``'s max RSS is only the last window's."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    values = [float(v) for r in rows for k, v in r.items() if k.startswith("mem/") and isinstance(v, int | float)]
+    return max(values, default=0.0)
+
+
+class RssSampler:
+    """Samples a process's resident memory (``VmRSS``, with its children's) every ``every_s`` seconds
+    in a thread, into ``trace`` as ``(seconds since start, GB)``: where in a run the memory goes, which
+    a peak alone does not say. Linux only (``/proc``); elsewhere the trace stays empty. A sample can
+    miss a peak shorter than ``every_s``: ``logged_peak_gb`` is the exact peak."""
+
+    def __init__(self, pid: int, every_s: float = 0.25) -> None:
+        self.pid, self.every_s = pid, every_s
+        self.trace: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_gb(self) -> float:
+        return max((gb for _, gb in self.trace), default=0.0)
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        while not self._stop.wait(self.every_s):
+            kb = sum(_rss_kb(p) for p in _tree(self.pid))
+            if kb:
+                self.trace.append((time.perf_counter() - start, kb / 1e6))
+
+    def write_csv(self, path: Path) -> None:
+        path.write_text("seconds,rss_gb\n" + "".join(f"{t:.2f},{gb:.3f}\n" for t, gb in self.trace))
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``/proc/<pid>/task/*/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                todo.extend(int(c) for c in task.read_text().split())
+            except OSError:
+                pass
+    return out
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

@@ -20,7 +20,9 @@ on another. ``--readme FILE`` replaces the text between ``<!-- learning:begin --
     uv run python benchmarks/learning.py --paste runs/learning/learning.md --readme README.md  # paste an earlier run
     uv run python benchmarks/learning.py --seeds 0-2 --block smollm2-demo --readme README.md -- --model smollm2-135m
 
-Each row also shows the run's peak memory (the demo process's max RSS, read with ``os.wait4``) and the
+Each row also shows the run's peak memory (GB of 10^9 bytes: the largest of the demo process's
+``mem/*_peak_gb`` in metrics.jsonl, its exit rusage and a trace sampled every 0.25 s, which
+``<out>/<run>.rss.csv`` and ``<out>/rss.png`` keep) and the
 median over its steps of the rollout and update throughput that ``metrics.jsonl`` records
 (``train/rollout_tokens_per_s``: generated tokens per second of a step's rollouts;
 ``train/update_tokens_per_s``: response tokens trained per second of the update). ``--block NAME``
@@ -44,7 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import cpu_name, git_commit, parse_seeds
+from _common import RssSampler, cpu_name, git_commit, logged_peak_gb, parse_seeds
 
 DEFAULT_BLOCK = "learning"
 
@@ -60,6 +62,7 @@ class RunResult:
     peak_rss_mb: float = 0.0
     rollout_tokens_per_s: float = 0.0
     update_tokens_per_s: float = 0.0
+    rss_trace: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]], repr=False)
 
     @property
     def gain(self) -> float:
@@ -97,10 +100,12 @@ def run_one(seed: int, repeat: int, out: Path, threads: int | None, extra: list[
     log_path = out / f"{run_dir.name}.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(demo_command(seed, run_dir, extra), env=env, stdout=log, stderr=subprocess.STDOUT)
-        # wait4: this child's own resource usage (its peak RSS), whatever other runs do at the same time
-        _, status, usage = os.wait4(proc.pid, 0)
+        # wait4: this child's own resource usage, whatever other runs do at the same time
+        with RssSampler(proc.pid) as rss:
+            _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
+    rss.write_csv(out / f"{run_dir.name}.rss.csv")
     if proc.returncode != 0:
         raise SystemExit(f"the demo failed for seed {seed} (exit {proc.returncode}); see {log_path}")
     metrics = run_dir / "metrics.jsonl"
@@ -114,7 +119,10 @@ def run_one(seed: int, repeat: int, out: Path, threads: int | None, extra: list[
         curve[-1][1],
         wall,
         curve,
-        peak_rss_mb=usage.ru_maxrss / 1024,
+        # the trainer resets the kernel's high-water mark per phase, so ru_maxrss is only the last
+        # phase's: the peak is the largest of it, the phases' logged peaks and the sampled trace
+        peak_rss_mb=max(usage.ru_maxrss / 1024, logged_peak_gb(metrics) * 1e3, rss.peak_gb * 1e3),
+        rss_trace=rss.trace,
         rollout_tokens_per_s=median_metric(metrics, "train/rollout_tokens_per_s"),
         update_tokens_per_s=median_metric(metrics, "train/update_tokens_per_s"),
     )
@@ -130,7 +138,7 @@ def table(results: list[RunResult], header: dict[str, str]) -> str:
     ]
     for r in results:
         cells = [str(r.seed), str(r.repeat + 1), f"{r.before:.2f}", f"{r.after:.2f}", f"**{r.gain:+.2f}**"]
-        cells += [f"{r.wall_s / 60:.1f} min", f"{r.peak_rss_mb / 1024:.1f} GB"]
+        cells += [f"{r.wall_s / 60:.1f} min", f"{r.peak_rss_mb / 1e3:.1f} GB"]
         cells += [f"{r.rollout_tokens_per_s:.0f}", f"{r.update_tokens_per_s:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     gains = [r.gain for r in results]
@@ -171,6 +179,35 @@ def plot(results: list[RunResult], path: Path) -> None:
     ax.set_ylabel("held-out reward (unseen tasks)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("lightning-rl demo: held-out reward per seed")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_rss(results: list[RunResult], path: Path) -> None:
+    """Every run's sampled resident memory over its wall time: where the peak sits in a run."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        if r.rss_trace:
+            seconds, gb = zip(*r.rss_trace, strict=True)
+            ax.plot(
+                [s / 60 for s in seconds],
+                gb,
+                lw=0.8,
+                label=f"seed {r.seed}" + (f" (run {r.repeat + 1})" if r.repeat else ""),
+            )
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("resident memory (GB, sampled every 0.25 s)")
+    ax.set_title("lightning-rl demo: memory over a run")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -243,9 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     text = table(results, header)
     print(text)
     (out / "learning.md").write_text(text)
-    payload: dict[str, Any] = {**header, "runs": [{**asdict(r), "gain": r.gain} for r in results]}
+    runs = [{k: v for k, v in asdict(r).items() if k != "rss_trace"} | {"gain": r.gain} for r in results]
+    payload: dict[str, Any] = {**header, "runs": runs}
     (out / "learning.json").write_text(json.dumps(payload, indent=2))
     plot(results, out / "learning.png")
+    plot_rss(results, out / "rss.png")
     if args.readme:
         update_readme(Path(args.readme), text, args.block)
     return 0

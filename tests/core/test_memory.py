@@ -70,3 +70,23 @@ def test_peak_memory_attributes_a_peak_to_the_phase_it_happened_in() -> None:
         return
     peaks = memory.metrics()
     assert peaks["mem/busy_peak_gb"] >= peaks["mem/quiet_peak_gb"] + 0.25
+
+
+def test_peak_memory_keeps_the_peak_before_its_first_window_as_other() -> None:
+    """Resetting the high-water mark unread would lose the peak of what ran before (a warm start),
+    from the metrics and from the process's own exit rusage alike."""
+    import sys
+
+    from lightning_rl.memory import PeakMemory
+
+    if not sys.platform.startswith("linux"):
+        return
+    PeakMemory()  # start a fresh window
+    block = bytearray(300_000_000)  # 300 MB, touched: resident, then freed before the next window
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    del block
+    memory = PeakMemory()
+    memory.phase("quiet")
+    peaks = memory.metrics()
+    assert peaks["mem/other_peak_gb"] >= peaks["mem/quiet_peak_gb"] + 0.25

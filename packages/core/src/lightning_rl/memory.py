@@ -15,7 +15,9 @@ warm start once per phase. On other C libraries (musl, macOS, Windows) it does n
 :class:`PeakMemory` says which phase of a step the process's peak belongs to: Linux keeps the peak
 resident size (``VmHWM``) and lets a process reset it (``/proc/self/clear_refs``), so the trainer
 resets it at the start of each phase and reads it at the end (``mem/<phase>_peak_gb`` in
-metrics.jsonl). Elsewhere it reports nothing.
+metrics.jsonl). Elsewhere it reports nothing. The resets also lower what ``getrusage``/``wait4``
+later report as the process's max RSS, so the process's peak is the largest ``mem/*_peak_gb``
+(``other`` holds what ran outside the phases: for the first, everything before the trainer), not its exit rusage.
 """
 
 from __future__ import annotations
@@ -59,7 +61,11 @@ class PeakMemory:
     """Peak resident memory per phase (see the module docstring); ``peaks`` maps phase -> GB."""
 
     def __init__(self) -> None:
-        self.peaks: dict[str, float] = {}
+        # the peak since the last window closed is kept as ``other`` (for the first window: model
+        # loading and a warm start in the same process): resetting it unread would erase it from the
+        # process's own max RSS too (``getrusage``/``wait4`` read the high-water mark the resets lower)
+        before = _read_peak_gb()
+        self.peaks: dict[str, float] = {"other": before} if before is not None else {}
         self._works = _reset_peak()
 
     def phase(self, name: str) -> None:
