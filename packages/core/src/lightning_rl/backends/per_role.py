@@ -37,6 +37,7 @@ from lightning_rl.backends.torch_backend import (
     TorchBackend,
     TorchBackendConfig,
     load_checkpoint_file,
+    lora_config,
     save_checkpoint_file,
 )
 from lightning_rl.engine.lora import AdapterWeights
@@ -132,10 +133,7 @@ class PerRoleAdaptersBackend(TorchBackend):
         return self.config.lora_alpha / self.config.lora_rank
 
     def _lora_config(self) -> Any:
-        from peft import LoraConfig  # pyright: ignore[reportMissingImports]
-
-        cfg = self.config
-        return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_targets, lora_dropout=0.0)  # pyright: ignore[reportUnknownVariableType]
+        return lora_config(self.config, self.model)
 
     def adapter_for(self, role: str) -> str:
         """The adapter of ``role``, created (a no-op, seeded by the backend's seed and its name) if new."""

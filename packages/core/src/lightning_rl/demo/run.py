@@ -113,6 +113,11 @@ class DemoConfig:
     """Tiny-model knobs (``TinyModelConfig`` fields)."""
     lora_rank: int = 0
     """0 trains every weight (warm start and RL); ``r > 0`` trains LoRA adapters of rank ``r``."""
+    lora_layers: int | None = None
+    """``TorchBackendConfig.lora_layers`` of the RL phase: adapt only the top ``n`` decoder layers
+    (``None``: all); the warm start adapts every layer."""
+    kl_every: int = 1
+    """``TorchBackendConfig.kl_every``: measure ``train/kl_to_start`` on every ``kl_every``-th update."""
     shared_prefix: int = 0
     """``TorchBackendConfig.shared_prefix``: run the system prompt + tool list once per micro-batch."""
     tool_token: str = "<tool_call>"
@@ -162,6 +167,8 @@ class DemoConfig:
             "rl_lr": 5e-4,
             "val_every": 5,
             "lora_rank": 16,
+            "lora_layers": 15,
+            "kl_every": 5,
             "shared_prefix": 64,
             "micro_batch_tokens": 4096,
             "tool_token": "<",
@@ -260,6 +267,8 @@ def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig, **overrides: 
             temperature=cfg.temperature,
             lora_rank=cfg.lora_rank,
             lora_alpha=2 * cfg.lora_rank if cfg.lora_rank else 16,
+            lora_layers=cfg.lora_layers,
+            kl_every=cfg.kl_every,
             shared_prefix=cfg.shared_prefix,
             micro_batch_tokens=cfg.micro_batch_tokens,
         ),
