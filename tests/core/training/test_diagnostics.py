@@ -168,6 +168,20 @@ def test_kl_to_start_under_lora_uses_the_base_model(tiny_model_path: Path) -> No
     assert second["train/kl_to_start"] > 1e-5
 
 
+def test_kl_every_measures_the_kl_on_every_nth_update_from_the_first_updates_start(tiny_model_path: Path) -> None:
+    every = _policy(tiny_model_path, old_logprobs="recompute", lr=1e-2, kl_every=2)
+    always = _policy(tiny_model_path, old_logprobs="recompute", lr=1e-2)
+    got: list[tuple[float | None, float]] = []
+    for _ in range(4):
+        measured, reference = every.update(_batch()), always.update(_batch())
+        got.append((measured.get("train/kl_to_start"), reference["train/kl_to_start"]))
+    assert [m is not None for m, _ in got] == [False, True, False, True]
+    # the start is the policy of the first update, measured or not: the same KL as measuring every time
+    assert got[3][0] == pytest.approx(got[3][1], rel=1e-4) and got[3][1] > 1e-4
+    with pytest.raises(ValueError, match="kl_every must be >= 1"):
+        TorchBackendConfig(kl_every=0)
+
+
 # --- sft: progress callback and one batch stream per backend ------------------------------------
 
 

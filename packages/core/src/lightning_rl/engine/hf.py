@@ -182,6 +182,7 @@ class TransformersEngine:
         self._version = version
         self._base_version = version  # the version of the base weights (per-role adapters: rows of no adapter)
         self._adapters: AdapterBank | None = None
+        self._borrowed: set[str] = set()  # parameters whose storage another model owns (borrow_weights)
         self._stats = EngineStats(version=version)
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -493,6 +494,35 @@ class TransformersEngine:
                 expected = tuple(own[key].shape)
                 raise InvalidRequestError(f"load_weights: {key} has shape {shape}, the model has {expected}")
 
+    def borrow_weights(self, model: torch.nn.Module) -> int:
+        """Serve ``model``'s tensors instead of this engine's own copies, wherever a parameter of the
+        same name (PEFT's ``.base_layer`` left out), shape, dtype and device exists; returns the bytes
+        no longer held twice. Call it before the first request.
+
+        For a trainer that keeps a frozen base and trains LoRA adapters: the base then sits in memory
+        once (SmolLM2 in bfloat16: 0.27 GB less). ``load_weights`` never writes into a borrowed
+        tensor: a new value gets a tensor of its own (the merged weights of the adapted layers), and
+        a value that is the borrowed tensor itself is skipped, so the owner's weights never change."""
+        theirs = {name.replace(".base_layer.", "."): p for name, p in model.named_parameters()}
+        saved = 0
+        with self._cond:
+            if self._stats.requests:
+                raise RuntimeError("borrow_weights() must be called before the engine serves any request.")
+            with torch.no_grad():
+                for name, param in self._model.named_parameters():
+                    other = theirs.get(name)
+                    if other is None or (other.shape, other.dtype, other.device) != (
+                        param.shape,
+                        param.dtype,
+                        param.device,
+                    ):
+                        continue
+                    if other.data_ptr() != param.data_ptr():
+                        saved += param.numel() * param.element_size()
+                        param.data = other.data
+                    self._borrowed.add(name)
+        return saved
+
     # -- LoRA adapters, one per row (per-role training; lightning_rl.engine.lora) ---------------------
 
     def enable_adapters(self, targets: Sequence[str]) -> None:
@@ -719,13 +749,23 @@ class TransformersEngine:
         with self._cond:
             swaps, self._swaps = list(self._swaps), deque()
         params = self._model.state_dict()
+        named = dict(self._model.named_parameters(remove_duplicate=False))
         for swap in swaps:
             try:
                 if swap.apply is not None:
                     swap.apply()
                 else:
                     for key, value in swap.state_dict.items():
-                        params[key].copy_(torch.as_tensor(value))
+                        value = torch.as_tensor(value)
+                        if params[key].data_ptr() == value.data_ptr():
+                            continue  # the tensor served already (a borrowed base weight)
+                        if key in self._borrowed:  # another model's tensor: never written, replaced
+                            owned = torch.empty_like(params[key]).copy_(value)
+                            named[key].data = owned
+                            params[key] = owned
+                            self._borrowed.discard(key)
+                        else:
+                            params[key].copy_(value)
                     self._base_version = swap.version
             except Exception as exc:
                 swap.done.set_exception(exc)

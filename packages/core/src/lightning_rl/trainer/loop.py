@@ -270,6 +270,7 @@ class Trainer:
         finished = await self._wait(svc, [r.id for r in requests])
         t_rollouts = time.perf_counter() - t0
         memory.phase("rollouts")
+        release_free_memory()  # the rollouts' KV caches, freed: not part of the update's peak
         # 4. adapt spans -> transitions (exact token ids from the gateway), trainable roles only
         # (with a judge at full weight the agent need not emit a reward: NaN until the judge scores it)
         unrewarded = math.nan if self.judge is not None and self.judge.config.weight == 1.0 else None

@@ -143,6 +143,7 @@ async def start_services(
     policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, config.backend.dtype))
 
     frozen_engine = None
+    frozen_base: Any = None
     served: Any = engine
     backend: PolicyBackend
     if config.adapters == "per_role":
@@ -155,11 +156,19 @@ async def start_services(
             publisher=engine_publisher(engine),
             version=engine.version,
         )
+        if config.backend.lora_rank > 0:
+            # under LoRA the trainer's base never changes: the engines serve its tensors, not copies
+            # (a publish gives the merged layers tensors of their own: engine.borrow_weights)
+            adapted: Any = backend.model
+            frozen_base = adapted.get_base_model()
+            engine.borrow_weights(frozen_base)
     if is_frozen is not None and config.adapters != "per_role":
         from lightning_rl.gateway.frozen import FrozenRolesBackend
         from lightning_rl.gateway.upstreams import EngineBackend
 
         frozen_engine = load_engine()  # the starting weights again: no publish reaches this copy
+        if frozen_base is not None:
+            frozen_engine.borrow_weights(frozen_base)
         served = FrozenRolesBackend(EngineBackend(engine), EngineBackend(frozen_engine), is_frozen)
     run_id = uuid.uuid4().hex[:8]  # in rollout ids; removed again before seeds are derived from them
     gateway_config = GatewayConfig(call_seeds=CallSeeds(config.seed, rollout_prefix=f"{run_id}-"))
