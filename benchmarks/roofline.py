@@ -10,14 +10,15 @@ bound that the model's FLOPs per token imply at the precision used:
 - **decode**: ``KVBatch.decode`` steps at the demo's concurrency (64 rows over a demo-length cache),
   the model step alone, then the same rows through ``TransformersEngine`` (sampling, scheduling,
   logprobs included);
-- **update**: one ``TorchBackend.update`` of the demo's RL settings (LoRA rank 16, shared prefix,
-  4,096-token micro-batches, KL tracking) on 64 transitions shaped like the demo's; float32 weights,
-  and at bfloat16 the body under autocast with the old logprobs recomputed.
+- **update**: one ``TorchBackend.update`` of the SmolLM2 demo's RL settings (LoRA rank 16 on the top
+  15 layers, shared prefix, 4,096-token micro-batches, no KL measured) on 64 transitions shaped like
+  the demo's; at bfloat16 the frozen base in bfloat16 and the logprobs recomputed in the same pass.
 
 FLOPs are counted from the model's config, for the work done: 2 per multiply-add of every linear
 layer a token passes through (the output head only where logits are computed), plus attention's
 ``QK^T`` and ``AV`` over the context each token sees. An update's backward costs one forward's worth
-for the activation gradients (the frozen base weights get none under LoRA), the KL forward one more.
+of activation gradients through the adapted layers (the frozen base weights get none under LoRA,
+and nothing below the lowest adapter needs a gradient) and through the head.
 
     uv run python benchmarks/roofline.py [--threads 2] [--dtype float32,bfloat16] [--markdown]
 
@@ -220,11 +221,14 @@ def measure_update(
     prompts: list[list[int]], shape: ModelShape, dtype: str, pad_id: int, micro_batch_tokens: int
 ) -> tuple[float, float, float, float]:
     """(response tokens/s, processed tokens/s, FLOP/s, seconds) of one ``TorchBackend.update`` with the
-    demo's settings. Float32 weights (the optimizer's); at bfloat16 the body runs under autocast
-    (``TorchBackendConfig.autocast``), with the logprobs recomputed as that setting asks."""
+    SmolLM2 demo's RL settings (``DemoConfig.smollm2``: LoRA rank 16 on the top layers, shared prefix,
+    an update that measures no KL). At bfloat16 the frozen base is stored in bfloat16 and the logprobs
+    are recomputed in the update's own pass, as ``TrainerConfig.precision`` sets it up."""
     from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
+    from lightning_rl.demo.run import DemoConfig
     from lightning_rl.types import Transition
 
+    demo = DemoConfig.smollm2()
     rng = random.Random(0)
     transitions = [
         Transition(
@@ -239,21 +243,25 @@ def measure_update(
     ]
     low = dtype != "float32"
     config = TorchBackendConfig(
-        lr=5e-4,
-        lora_rank=16,
-        lora_alpha=32,
-        shared_prefix=64,
+        lr=demo.rl_lr,
+        lora_rank=demo.lora_rank,
+        lora_alpha=2 * demo.lora_rank,
+        lora_layers=demo.lora_layers,
+        track_kl=False,
+        shared_prefix=demo.shared_prefix,
         micro_batch_tokens=micro_batch_tokens,
-        autocast=dtype if low else None,
+        dtype=dtype,
         old_logprobs="recompute" if low else "sampled",
     )
-    backend = TorchBackend(_load(torch.float32)[0], config, pad_token_id=pad_id)
-    backend.update(transitions[:8])  # warm-up (and the lazy start snapshot)
+    backend = TorchBackend(_load(getattr(torch, dtype))[0], config, pad_token_id=pad_id)
+    backend.update(transitions[:8])  # warm-up
     start = time.perf_counter()
     backend.update(transitions)
     elapsed = time.perf_counter() - start
-    # what ran: per micro-batch the shared prefix once, then each row's rest; forward + activation
-    # backward (2 forwards' worth) + the no-grad KL forward (1 more)
+    # what ran: per micro-batch the shared prefix once, then each row's rest, forward through every
+    # layer; the backward computes activation gradients (one forward's worth) from the top down to
+    # the lowest adapted layer only (the frozen weights get none), and through the head
+    adapted = (demo.lora_layers or shape.layers) / shape.layers
     processed = 0
     flops = 0.0
     for mb in backend._pack([(t.prompt_ids, t.response_ids) for t in transitions]):  # pyright: ignore[reportPrivateUsage]
@@ -266,7 +274,7 @@ def measure_update(
             shape.body_flops(i + 1) for i in range(shared, width)
         )
         head = sum(mb.response_lens) * shape.head_flops
-        flops += (4 if low else 3) * (body + head)  # + the recompute forward
+        flops += (1 + adapted) * body + 2 * head
     responses = sum(len(t.response_ids) for t in transitions)
     return responses / elapsed, processed / elapsed, flops / elapsed, elapsed
 
@@ -326,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
             tps, flops = measure_engine(model, tokenizer, prompts, shape)
             add("engine generate", tps, flops, f"{len(prompts)} requests, sampled, {_RESPONSE} tokens max")
         if "update" not in skip:
-            del model  # the update loads its own float32 copy
+            del model  # the update loads its own copy
             model = None
             rtps, ptps, flops, seconds = measure_update(prompts, shape, name, pad, args.micro_batch_tokens)
             add("update", ptps, flops, f"{len(prompts)} transitions, {rtps:.0f} response tokens/s, {seconds:.1f} s")
