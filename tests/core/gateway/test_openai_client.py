@@ -10,7 +10,7 @@ import openai
 
 from lightning_rl import semconv as sc
 from lightning_rl.engine.hf import TransformersEngine
-from lightning_rl.gateway.recording import API, RESPONSE_TEXT, STREAM
+from lightning_rl.semconv import API, RESPONSE_TEXT, STREAM
 from lightning_rl.types import Span
 
 from .conftest import Gateway, claim_attempts, rollout_url

@@ -15,7 +15,7 @@ import httpx
 
 from lightning_rl import semconv as sc
 from lightning_rl.gateway import UpstreamBackend, create_gateway_app, running_gateway
-from lightning_rl.gateway.recording import RESPONSE_TEXT
+from lightning_rl.semconv import RESPONSE_TEXT
 from lightning_rl.store import MemoryStore
 from lightning_rl.testing import FakeReply, FakeUpstream
 

@@ -1,33 +1,25 @@
 """HTTP serving details shared by the store server and the gateway.
 
-uvicorn writes a response's head and body separately: two ``send`` calls and two wake-ups of the
-client per response on loopback. ``http_protocol()`` is uvicorn's HTTP/1.1 protocol (httptools when
-installed, else h11) wrapped so the head leaves together with the body written after it. uvicorn
-is imported only when the protocol class is built.
+``http_protocol()`` is uvicorn's HTTP/1.1 protocol (httptools when installed, else h11) with two
+measured savings. uvicorn writes a response's head and body in two ``send`` calls, two wake-ups of
+the client on loopback; here the head leaves with the body written after it. And per request,
+uvicorn's ASGI cycle (a cycle object, message dicts, header checks, a write flushed a loop step
+later) cost the gateway about a sixth of its CPU per model call, so an app that defines
+``fast_handler(path, headers)`` (``FastRoutes``) may answer a ``POST`` itself: once the body is in
+it is handed over as bytes, and a ``bytes`` answer is written as a ``200`` JSON response in one
+``send``, from the future's callback when the handler returns a future (no task, cycle object or
+event per call: about 1 % of the gateway's instructions). Any other answer (an ASGI app: an error,
+a stream) runs through uvicorn's cycle and its flow control; a whole ``bytes`` answer is written
+even to a slow reader (one bounded JSON body). Anything unusual (``Expect: 100-continue``, an
+upgrade, HTTP/1.0, a ``root_path``, a concurrency limit, a request pipelined behind one in flight)
+takes uvicorn's own path, so keep-alive, pipelining order, disconnects and graceful shutdown behave
+as uvicorn makes them behave.
 
-It also gives an app a fast path around ASGI for its hottest routes. Per request, uvicorn's ASGI
-cycle (a cycle object, ``receive``/``send`` message dicts, header checks, a second write held
-back and flushed a loop step later) cost the gateway about a sixth of its CPU per model call. An
-app that defines ``fast_handler(path, headers)`` (see ``FastRoutes``) is asked, once the headers of
-a ``POST`` are in, whether it answers that request itself: if so, the body is handed to the
-handler as bytes and a ``bytes`` result is written as a ``200`` JSON response in one ``send``. A
-handler that returns a future is answered from the future's callback, without a task, a cycle
-object or an event per call (about 1 % of the gateway's instructions per call). A handler may
-instead answer with an ASGI app (an error, a stream), which then runs through uvicorn's ordinary
-cycle. A whole ``bytes`` answer is written even while the client is slow to read (it is one
-bounded JSON body; streams go through ASGI and its flow control). Anything unusual (``Expect:
-100-continue``, an upgrade, HTTP/1.0, a ``root_path``, a concurrency limit, a request pipelined
-behind one still in flight) takes uvicorn's own path, so keep-alive, pipelining order,
-disconnects and graceful shutdown behave as uvicorn makes them behave. With httptools the
-keep-alive timeout is kept by one timer per connection rather than one per response (see
-``_Protocol``).
-
-The fast path subclasses uvicorn's private protocol classes (``_unset_keepalive_if_required``,
-``_start_asgi_task``, ``RequestResponseCycle``'s keywords), which change between uvicorn releases.
-So it is used only with the uvicorn versions it was tested with (``TESTED_UVICORN``); with any other
-version, or when ``LIGHTNING_STOCK_UVICORN=1`` is set, ``http_protocol()`` returns uvicorn's own
-protocol class unchanged (a ``RuntimeWarning`` says so when the version caused it): every route then
-goes through ASGI, correct and somewhat slower.
+The subclass relies on uvicorn's private protocol internals (``_unset_keepalive_if_required``,
+``_start_asgi_task``, ``RequestResponseCycle``'s keywords), which change between releases, so it is
+used only with the uvicorn versions it was tested with (``TESTED_UVICORN``). With any other version
+(a ``RuntimeWarning`` says so), or with ``LIGHTNING_STOCK_UVICORN=1``, ``http_protocol()`` returns
+uvicorn's own protocol class: every route then goes through ASGI, correct and somewhat slower.
 """
 
 from __future__ import annotations
@@ -39,13 +31,15 @@ import importlib.util
 import os
 import urllib.parse
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, MutableMapping, Sequence
 from functools import partial
 from typing import Any, Protocol, cast
 
 __all__ = [
     "wait_until_serving",
     "send_json",
+    "content_length",
+    "read_body",
     "http_protocol",
     "FastHandler",
     "FastRoutes",
@@ -64,12 +58,8 @@ _warned: set[str] = set()
 
 async def wait_until_serving(server: Any, task: asyncio.Task[Any], host: str, what: str) -> str:
     """Wait for a ``uvicorn.Server`` started as ``task`` to listen; return ``http://host:port`` with the
-    bound port (``port=0`` picks a free one).
-
-    uvicorn reports a bind error by logging and calling ``sys.exit``; a server that ends before it
-    listens raises ``OSError`` here instead, with ``what`` (e.g. ``"store server could not start on
-    127.0.0.1:8080; see the log above."``) as its message, so the caller's caller sees a real error.
-    """
+    bound port. uvicorn reports a bind error by logging and calling ``sys.exit``; a server that ends
+    before it listens raises ``OSError(what)`` here instead, so the caller sees a real error."""
     while not server.started:
         if task.done():
             with contextlib.suppress(SystemExit):  # uvicorn exits on a bind error; raise instead
@@ -82,11 +72,48 @@ async def wait_until_serving(server: Any, task: asyncio.Task[Any], host: str, wh
 
 
 async def send_json(send: Any, status: int, body: bytes, extra_headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
-    """Answer an ASGI request with a JSON body of known length (no chunked encoding, one socket
-    write fewer per response); the gateway's and the store server's hot paths both answer so."""
+    """Answer an ASGI request with a JSON body of known length (not chunked: one socket write fewer)."""
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    """A request's ``Content-Length`` (``None`` when absent or unreadable: the body is counted as it arrives)."""
+    for key, value in headers:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(
+    receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+    limit: int,
+    too_large: Callable[[], Exception],
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> bytes | None:
+    """A request's whole body from ASGI ``receive``; ``None`` when the client left before it was in.
+    Above ``limit`` bytes it raises ``too_large()`` (each server words its own 413): by the
+    ``Content-Length`` in ``headers`` before reading, else once that many arrived (never kept)."""
+    size = content_length(headers)
+    if size is not None and size > limit:
+        raise too_large()
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large()
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def fast_path_refusal() -> str | None:
@@ -108,22 +135,10 @@ def fast_path_refusal() -> str | None:
     return None
 
 
-def _stock_protocol() -> type[asyncio.Protocol]:
-    if importlib.util.find_spec("httptools") is None:
-        from uvicorn.protocols.http.h11_impl import H11Protocol
-
-        return H11Protocol
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    return HttpToolsProtocol
-
-
 FastHandler = Callable[[bytes], Awaitable[Any]]
 """Answers one request from its body, eventually: ``bytes`` (a ``200`` JSON body) or an ASGI app to run.
-
-Called as soon as the body is in. When it returns an ``asyncio.Future``, the answer is written by
-the future's done callback (no task for the call: what a handler chaining callbacks onto an
-upstream's future wants); any other awaitable runs in a task, as uvicorn runs an app."""
+An ``asyncio.Future`` is answered from its done callback (no task for the call); any other
+awaitable runs in a task, as uvicorn runs an app."""
 
 
 class FastRoutes(Protocol):
@@ -136,13 +151,9 @@ class FastRoutes(Protocol):
 
 
 class _CoalescingTransport:
-    """A transport that sends a response's head together with the body written after it.
-
-    A write that starts a response (``HTTP/``) is held; the next write (the body, normally in the
-    same loop step) sends both in one ``send``. If no body follows in this step (a stream whose
-    first chunk comes later), the head leaves at the end of the step. Any other write goes out at
-    once, after whatever is held, so the byte order never changes.
-    """
+    """A transport that sends a response's head together with the body written after it (normally in
+    the same loop step); a head with no body in that step (a stream) leaves at its end. Every other
+    write goes out at once, after whatever is held, so the byte order never changes."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
@@ -155,14 +166,11 @@ class _CoalescingTransport:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
-        if self._buffer:  # the held head: send it with this write, now
-            self._buffer.append(bytes(data))
-            self._flush()
-        elif data[:5] == b"HTTP/":
+        if not self._buffer and data[:5] == b"HTTP/":  # a head: held for the body written after it
             self._buffer.append(bytes(data))
             self._loop.call_soon(self._flush)
         else:
-            self._transport.write(data)
+            self.write_now(bytes(data))
 
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
@@ -195,9 +203,7 @@ class _CoalescingTransport:
 
 
 def http_protocol() -> type[asyncio.Protocol]:
-    """uvicorn's HTTP/1.1 protocol (httptools when installed, else h11) with coalesced writes, and
-    the ``FastRoutes`` fast path when the parser is httptools; uvicorn's own class, unchanged,
-    outside ``TESTED_UVICORN`` or with ``LIGHTNING_STOCK_UVICORN=1`` (see the module docstring)."""
+    """The protocol class to serve with (see the module docstring); h11 gets coalesced writes only."""
     refusal = fast_path_refusal()
     if refusal is not None:
         if not refusal.startswith(STOCK_UVICORN_ENV) and refusal not in _warned:
@@ -208,19 +214,23 @@ def http_protocol() -> type[asyncio.Protocol]:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        return _stock_protocol()
-    if importlib.util.find_spec("httptools") is None:
-        from uvicorn.protocols.http.h11_impl import H11Protocol
+    if importlib.util.find_spec("httptools") is not None:
+        if refusal is None:
+            return _httptools_protocol()
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-        class _CoalescingH11(H11Protocol):
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                # no isinstance check: uvloop's transports do not subclass asyncio.Transport
-                super().connection_made(
-                    cast(asyncio.Transport, _CoalescingTransport(cast(asyncio.Transport, transport)))
-                )
+        return HttpToolsProtocol
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-        return _CoalescingH11
-    return _httptools_protocol()
+    if refusal is not None:
+        return H11Protocol
+
+    class _CoalescingH11(H11Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            # no isinstance check: uvloop's transports do not subclass asyncio.Transport
+            super().connection_made(cast(asyncio.Transport, _CoalescingTransport(cast(asyncio.Transport, transport))))
+
+    return _CoalescingH11
 
 
 def _httptools_protocol() -> type[asyncio.Protocol]:
@@ -441,12 +451,9 @@ _NO_EVENT = _NoEvent()
 
 
 class _FastCall:
-    """A request answered by a ``FastHandler``, as uvicorn's protocol sees it while in flight.
-
-    It carries the few attributes the protocol reads from its current cycle (``response_complete``,
-    ``disconnected``, ``keep_alive``, ``message_event``), so disconnects, graceful shutdown and
-    pipelining treat it as they treat uvicorn's own cycle, at a fraction of the cost.
-    """
+    """A request answered by a ``FastHandler``, as uvicorn's protocol sees it while in flight: the few
+    attributes the protocol reads from its current cycle, so disconnects, graceful shutdown and
+    pipelining treat it as uvicorn's own cycle, at a fraction of the cost."""
 
     __slots__ = ("handler", "scope", "keep_alive", "chunks", "started", "response_complete", "disconnected")
     message_event = _NO_EVENT

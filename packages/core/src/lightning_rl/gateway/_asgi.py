@@ -1,14 +1,10 @@
-"""The raw ASGI pieces of the gateway's hot path: route matching, call context, body in, JSON out.
+"""The raw pieces of the gateway's hot path: route matching, the call's context, the 413.
 
-Every model call an agent makes crosses the gateway, so its per-request CPU is the gateway's cost.
-Through FastAPI a call walks a dozen middleware layers, regex-matches up to 16 routes and builds a
-``Request``; measured under load, that was about a third of the gateway's CPU per call. The
-model-call routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and their
-``/rollouts/...`` variants) are therefore matched here by splitting the path once, and answered
-straight through ``send``; everything else still goes to FastAPI (the same trick as the store
-server's ``_StoreRoutes``). ``_GatewayApp.call_for`` is their one entry point: served by
-``lightning_rl.gateway.server`` (uvicorn with our protocol) they skip ASGI altogether
-(``fast_handler`` hands them to the protocol), otherwise the app's ``__call__`` answers them.
+Through FastAPI a model call walks a dozen middleware layers, regex-matches up to 16 routes and
+builds a ``Request``: measured under load, about a third of the gateway's CPU per call. So the
+model-call routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``, bare or under
+``/rollouts/...``) are matched here by splitting the path once, for ``_GatewayApp.call_for``, their
+one entry point; everything else still goes to FastAPI.
 """
 
 from __future__ import annotations
@@ -16,40 +12,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from starlette.types import Receive
-
 from lightning_rl.gateway.protocol import GatewayHTTPError
 from lightning_rl.gateway.recording import CallContext
 
-__all__ = [
-    "CallKind",
-    "match_call",
-    "call_context",
-    "content_length",
-    "body_too_large",
-    "read_body",
-    "CALL_PATHS",
-]
+__all__ = ["CallKind", "match_call", "call_context", "body_too_large"]
 
 CallKind = Literal["chat", "completions", "responses"]
 
-CALL_PATHS: dict[str, CallKind] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
-}
-"""The model-call routes, as served without a rollout prefix."""
-
-_TAILS: dict[str, CallKind] = {path.removeprefix("/v1/"): kind for path, kind in CALL_PATHS.items()}
+_TAILS: dict[str, CallKind] = {"chat/completions": "chat", "completions": "completions", "responses": "responses"}
+"""The model-call routes: what follows ``/v1/``."""
 
 
 def match_call(path: str) -> tuple[CallKind, str | None, str | None, str | None, str | None] | None:
-    """``(kind, rollout_id, attempt_id, key, role)`` when ``path`` is a model-call route, else ``None``.
-
-    Accepts the paths FastAPI routes for them:
-    ``[/rollouts/R[/attempts/A][/key/K][/roles/ROLE]]/v1/<api>``, every segment non-empty; ROLE may
-    itself contain ``/``. ``K`` is the attempt's key (``Attempt.gateway_key``).
-    """
+    """``(kind, rollout_id, attempt_id, key, role)`` when ``path`` is a model-call route, else ``None``:
+    ``[/rollouts/R[/attempts/A][/key/K][/roles/ROLE]]/v1/<api>``, every segment non-empty, ROLE
+    possibly holding ``/``, ``K`` the attempt's key (``Attempt.gateway_key``)."""
     head, sep, tail = path.rpartition("/v1/")
     if not sep:
         return None
@@ -92,34 +69,15 @@ def call_context(
 ) -> CallContext:
     """The call's context: path segments first, ``X-Lightning-*`` headers for what the path lacks."""
     if rollout is None or attempt is None or role is None or key is None:
-        h_rollout = h_attempt = h_role = h_key = None
+        found: dict[bytes, str] = {}
         for name, value in headers:
-            if name.startswith(b"x-lightning-"):
-                if name == b"x-lightning-rollout" and h_rollout is None:
-                    h_rollout = value.decode("latin-1")
-                elif name == b"x-lightning-attempt" and h_attempt is None:
-                    h_attempt = value.decode("latin-1")
-                elif name == b"x-lightning-role" and h_role is None:
-                    h_role = value.decode("latin-1")
-                elif name == b"x-lightning-key" and h_key is None:
-                    h_key = value.decode("latin-1")
-        rollout = rollout or h_rollout or None
-        attempt = attempt or h_attempt or None
-        role = role or h_role or None
-        key = key or h_key or None
+            if name.startswith(b"x-lightning-") and name not in found:  # the first of each
+                found[name] = value.decode("latin-1")
+        rollout = rollout or found.get(b"x-lightning-rollout") or None
+        attempt = attempt or found.get(b"x-lightning-attempt") or None
+        role = role or found.get(b"x-lightning-role") or None
+        key = key or found.get(b"x-lightning-key") or None
     return CallContext(rollout, attempt, role, key)
-
-
-def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
-    """The request's ``Content-Length`` (``None`` when absent or unreadable: the body is then
-    counted as it arrives)."""
-    for key, value in headers:
-        if key == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 def body_too_large(size: int | None, limit: int, why: str | None = None) -> GatewayHTTPError:
@@ -132,32 +90,3 @@ def body_too_large(size: int | None, limit: int, why: str | None = None) -> Gate
         f"the request body is {what}, above this gateway's limit of {limit} bytes; send a shorter prompt ({why}).",
         code="request_too_large",
     )
-
-
-async def read_body(receive: Receive, limit: int | None = None, why: str | None = None) -> bytes | None:
-    """The whole request body; ``None`` when the client left before sending it.
-
-    Raises:
-        GatewayHTTPError: 413 as soon as more than ``limit`` bytes arrived (the rest is not kept).
-    """
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        return None
-    body: bytes = message.get("body", b"")
-    if limit is not None and len(body) > limit:
-        raise body_too_large(None, limit, why)
-    if not message.get("more_body", False):
-        return body
-    chunks = [body]
-    size = len(body)
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if limit is not None and size > limit:
-            raise body_too_large(None, limit, why)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)

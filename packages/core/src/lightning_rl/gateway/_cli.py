@@ -35,33 +35,22 @@ def register(subparsers: Any) -> None:
         "extra smollm2), a .gguf file or a Hugging Face model folder.",
     )
     source.add_argument("--upstream-url", help="An OpenAI-compatible server to forward to (vLLM keeps tokens exact).")
-    serve.add_argument("--upstream-api-key", default=None, help="API key for the upstream server.")
-    serve.add_argument("--upstream-model", default=None, help="Upstream model name (default: its first model).")
-    serve.add_argument(
-        "--store", default=None, help="Where to record calls: a store URL (http://…, postgresql://…) or SQLite path."
-    )
+    serve.add_argument("--upstream-api-key", help="API key for the upstream server.")
+    serve.add_argument("--upstream-model", help="Upstream model name (default: its first model).")
+    serve.add_argument("--store", help="Where to record calls: a store URL (http://…, postgresql://…) or SQLite path.")
     serve.add_argument("--host", default="127.0.0.1", help="Address to bind; anything but loopback needs --token.")
     serve.add_argument("--port", type=int, default=4748, help="Port to bind (0 picks a free one).")
-    serve.add_argument(
-        "--token", default=None, help=f"Bearer token (API key) every request must carry (default: ${TOKEN_ENV})."
-    )
-    serve.add_argument(
-        "--store-token", default=None, help="Bearer token of an HTTP store (default: $LIGHTNING_STORE_TOKEN[_FILE])."
-    )
-    serve.add_argument(
-        "--device", default=None, help="Torch device of the embedded engine (default: cuda if available)."
-    )
+    serve.add_argument("--token", help=f"Bearer token (API key) every request must carry (default: ${TOKEN_ENV}).")
+    serve.add_argument("--store-token", help="Bearer token of an HTTP store (default: $LIGHTNING_STORE_TOKEN[_FILE]).")
+    serve.add_argument("--device", help="Torch device of the embedded engine (default: cuda if available).")
     serve.add_argument("--max-n", type=int, default=16, help="Most choices per call.")
     serve.add_argument("--max-tokens", type=int, default=8192, help="Most completion tokens a client may ask for.")
     serve.add_argument(
         "--max-body-mb", type=float, default=16.0, help="Largest request body in MiB; larger ones get a 413 unread."
     )
-    serve.add_argument(
-        "--weights-dir", default=None, help="The only folder POST /admin/weights may load weights files from."
-    )
+    serve.add_argument("--weights-dir", help="The only folder POST /admin/weights may load weights files from.")
     serve.add_argument(
         "--admin-token-file",
-        default=None,
         help=f"A file holding the token /admin/* requires (default: ${ADMIN_TOKEN_ENV}; unset: /admin/* is off). "
         "It must differ from the agents' --token.",
     )

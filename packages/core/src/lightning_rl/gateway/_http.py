@@ -5,12 +5,10 @@ parsing, cookies, header models, h11 state machine): the biggest share of the ga
 This client does only what the hot path needs: ``POST`` a JSON body over a pooled keep-alive
 connection and read a ``Content-Length``, chunked or close-delimited response. Each connection is
 a bare ``asyncio.Protocol`` that parses the response as bytes arrive and reports to its client
-once per call: no stream reader, future or task, and no timer per call either (one sweep per
-client checks the deadlines of the calls in flight), so a forwarded call costs the gateway a few
-microseconds of Python on top of the two system calls. An answer that arrives in one read (the
-usual case) is sliced out of that read without being copied into a buffer first. The gateway's
-non-streamed path chains its own callback on it (``start``); ``post`` wraps it in a future.
-Everything else (streams, model listing) still goes through ``httpx``.
+once per call (``start``): no stream reader, future, task or timer per call (one sweep per client
+checks the deadlines), so a forwarded call costs a few microseconds of Python on top of the two
+system calls; an answer that arrives in one read is sliced out of it, uncopied. Everything else
+(streams, model listing) still goes through ``httpx``.
 """
 
 from __future__ import annotations
@@ -18,11 +16,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from functools import partial
-from typing import cast
+from typing import TypeVar, cast
 from urllib.parse import urlsplit
 
-__all__ = ["LeanHTTPClient", "OnDone"]
+__all__ = ["LeanHTTPClient", "OnDone", "resolve"]
 
+_T = TypeVar("_T")
 _MAX_HEAD = 64 * 1024
 _SWEEP_S = 1.0
 """Longest interval between two deadline checks (shorter for short timeouts: a quarter of it)."""
@@ -240,16 +239,13 @@ class LeanHTTPClient:
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         """Send ``body``; returns (status, response body). Raises ``OSError`` when the origin is unreachable."""
         future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
-        self.start(path, body, partial(_resolve, future))
+        self.start(path, body, lambda status, data, exc: resolve(future, (status, data), exc))
         return await future
 
     def start(self, path: str, body: bytes, on_done: OnDone) -> None:
-        """Send ``body`` and return at once; ``on_done`` is called when the answer is in (or the call
-        failed), from the connection's callback: on a pooled connection no task is involved.
-
-        A call that was started always runs to its end (its answer is read, or the timeout closes
-        the connection); a caller no longer interested ignores ``on_done``.
-        """
+        """Send ``body`` and return at once; ``on_done`` is called from the connection's callback when
+        the answer is in or the call failed (no task on a pooled connection). A started call always
+        runs to its end (read, or closed by the timeout); a caller no longer interested ignores it."""
         if self._closed:
             raise RuntimeError("this LeanHTTPClient is closed; create a new one.")
         self._send((self._request_head % (path, len(body))).encode() + body, on_done)
@@ -339,10 +335,11 @@ def _field(head: bytes, name: bytes) -> bytes | None:
     return head[start:] if end < 0 else head[start:end]
 
 
-def _resolve(future: asyncio.Future[tuple[int, bytes]], status: int, body: bytes, exc: BaseException | None) -> None:
+def resolve(future: asyncio.Future[_T], value: _T | None, exc: BaseException | None) -> None:
+    """Settle ``future`` from a callback's ``(value, None)`` or ``(None, error)`` (unless its caller left)."""
     if future.done():
         return  # the caller was cancelled meanwhile
     if exc is not None:
         future.set_exception(exc)
     else:
-        future.set_result((status, body))
+        future.set_result(cast(_T, value))

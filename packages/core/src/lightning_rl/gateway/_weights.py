@@ -18,16 +18,8 @@ __all__ = ["weights_file"]
 
 
 def weights_file(path: object, folder: str | None) -> Path:
-    """The resolved file ``path`` names inside ``folder``.
-
-    Args:
-        path: The client's ``path``: relative to ``folder``, or absolute.
-        folder: ``GatewayConfig.weights_dir``; ``None`` refuses every path.
-
-    Raises:
-        GatewayHTTPError: 400 for a path that is not a non-empty string or not a regular file in the
-            folder, 403 for one outside the folder (or when no folder is configured).
-    """
+    """The resolved file that the client's ``path`` (relative to ``folder``, or absolute) names inside
+    ``folder`` (``GatewayConfig.weights_dir``; ``None`` refuses every path), else a 400 or 403."""
     if not isinstance(path, str) or not path or "\x00" in path:
         raise GatewayHTTPError(
             400, "'path' must be the name of a weights file (a state dict saved with torch.save).", param="path"

@@ -9,8 +9,8 @@ travels with the request (``SamplingParams.adapter``), so the engine decodes the
 together in one batch; the engine reports the adapter and its version, which the gateway records on
 the call's span (``lightning.adapter``, ``lightning.adapter_version``).
 
-It is a plain ``GatewayBackend`` around an ``EngineBackend``: the gateway formats and records its
-calls like any other.
+It is an ``EngineBackend`` that routes (new weights from ``POST /admin/weights`` replace the base;
+the adapters stay loaded over them): the gateway formats and records its calls like any other.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lightning_rl.roles import adapter_name
 __all__ = ["RoleAdaptersBackend"]
 
 
-class RoleAdaptersBackend:
+class RoleAdaptersBackend(EngineBackend):
     """Route each call of ``engine_backend``'s engine to its role's adapter (see the module docstring).
 
     Args:
@@ -35,29 +35,18 @@ class RoleAdaptersBackend:
     """
 
     def __init__(self, engine_backend: EngineBackend, is_trainable: Callable[[str | None], bool] | None = None) -> None:
-        self.inner = engine_backend
+        super().__init__(engine_backend.engine, owns_engine=engine_backend.owns_engine)
         self.is_trainable = is_trainable
         self.adapter_calls = 0
         """Calls answered by an adapter (for metrics and tests); the others were answered by the base."""
-
-    @property
-    def engine(self) -> Any:
-        return self.inner.engine
-
-    @property
-    def model_name(self) -> str:
-        return self.inner.model_name
-
-    @property
-    def version(self) -> int | None:
-        return self.inner.version
 
     def adapter_for(self, role: str | None) -> str | None:
         """The adapter that answers a call of ``role`` now, or None for the base weights."""
         if not role or (self.is_trainable is not None and not self.is_trainable(role)):
             return None
         name = adapter_name(role)
-        return name if name in self.engine.adapter_names else None
+        engine: Any = self.engine  # an engine with adapters (``TransformersEngine``)
+        return name if name in engine.adapter_names else None
 
     def _routed(self, spec: CallSpec) -> CallSpec:
         name = self.adapter_for(spec.role)
@@ -66,21 +55,8 @@ class RoleAdaptersBackend:
         self.adapter_calls += 1
         return replace(spec, params=replace(spec.params, adapter=name))
 
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
     async def run(self, spec: CallSpec) -> CallResult:
-        return await self.inner.run(self._routed(spec))
+        return await super().run(self._routed(spec))
 
     def stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]:
-        return self.inner.stream(self._routed(spec))
-
-    async def load_weights(self, path: str | None, version: int) -> None:
-        """New base weights (``POST /admin/weights``); the adapters stay loaded over them."""
-        await self.inner.load_weights(path, version)
-
-    def body_bound(self) -> int | None:
-        return self.inner.body_bound()
+        return super().stream(self._routed(spec))

@@ -12,14 +12,11 @@ Limits come before work: a body above ``max_body_bytes`` is a 413 before it is r
 Bad input is answered the way the OpenAI API answers it (``{"error": {...}}`` with a 4xx), so agent
 frameworks surface a readable message; only a bug in the gateway gives a 500.
 
-The model-call routes are the hot path, with one entry point, ``_GatewayApp.call_for`` (a path
-split, the call's context; see ``_asgi``): the serving protocol's fast path hands it the body
-directly, and the app's own ``__call__`` reads the body and sends a JSON body of known length,
-before FastAPI's middleware and router, which serve everything else. Handlers take the raw body
-and the call's context, validate it at once, and return an awaitable of the JSON bytes of a 200
-or of a ``Response`` (errors, streams). A non-streamed call's is one future, resolved from the
-backend's callback (``start_call``; see ``_Gateway._call``), so on the gateway's own server it is
-answered without a task (see ``lightning_rl._serving``).
+The model-call routes are the hot path, with one entry point, ``_GatewayApp.call_for`` (see
+``_asgi``), reached before FastAPI's middleware and router, which serve everything else. It returns
+an awaitable of the JSON bytes of a 200 or of a ``Response`` (errors, streams); a non-streamed
+call's is one future resolved from the backend's callback (``_Gateway._call``), so on the
+gateway's own server it is answered without a task (see ``lightning_rl._serving``).
 """
 
 from __future__ import annotations
@@ -39,19 +36,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from lightning_rl._serving import FastHandler, send_json
+from lightning_rl._serving import FastHandler, content_length, read_body, send_json
 from lightning_rl.credentials import bearer_header_matches
 from lightning_rl.engine.base import InferenceEngine, SamplingParams
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.gateway import formatting as fmt
-from lightning_rl.gateway._asgi import (
-    CallKind,
-    body_too_large,
-    call_context,
-    content_length,
-    match_call,
-    read_body,
-)
+from lightning_rl.gateway._asgi import CallKind, body_too_large, call_context, match_call
 from lightning_rl.gateway._weights import weights_file
 from lightning_rl.gateway.binding import AttemptBinder
 from lightning_rl.gateway.protocol import GatewayHTTPError, dumpb, error_response, loads, new_call_id
@@ -61,9 +51,8 @@ from lightning_rl.gateway.upstreams import (
     CallSpec,
     EngineBackend,
     GatewayBackend,
-    OnResult,
     StreamPiece,
-    call_in_task,
+    call_starter,
 )
 from lightning_rl.gateway.validation import check_chat_request, check_completion_request, check_responses_request
 from lightning_rl.seeding import CallSeeds
@@ -107,11 +96,10 @@ class GatewayConfig:
     """Completion budget when the client sets none (``None``: up to ``max_tokens_limit`` and the context)."""
     writer_max_batch: int = 512
     writer_flush_interval_s: float = 0.0
-    """How long a partial batch of spans waits before it is written. Zero: one event-loop step, so
-    the calls that complete in the same step share a batch (~2 % less CPU per call than writing at
-    once), and batches still form on their own while a write is in flight.
-    Spans written a moment after they were built are still in the CPU cache and die young (never
-    promoted by the garbage collector); waiting 50 ms cost ~18 % more gateway CPU per recorded call."""
+    """How long a partial batch of spans waits before it is written. Zero: one event-loop step, so the
+    calls that complete in the same step share a batch (~2 % less CPU per call than writing at once);
+    spans written so soon after they were built are still in the CPU cache and die young (never
+    promoted by the garbage collector): waiting 50 ms cost ~18 % more gateway CPU per recorded call."""
     writer_max_queue: int = 100_000
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body accepted; a larger one is answered 413 before it is read (by its
@@ -168,29 +156,6 @@ def _ready(response: Response) -> asyncio.Future[bytes | Response]:
     return future
 
 
-def _failure(exc: BaseException) -> Response:
-    if isinstance(exc, GatewayHTTPError):
-        return exc.response()
-    if isinstance(exc, LightningError):
-        status = http_status(exc)
-        if status != 500:
-            return error_response(status, str(exc), code="invalid_value" if status == 400 else None)
-    if isinstance(exc, ValueError):
-        return error_response(400, str(exc), code="invalid_value")
-    if isinstance(exc, ConnectionError):
-        return error_response(503, str(exc), type="service_unavailable")
-    _log.exception("gateway error", exc_info=exc)
-    return error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}", type="server_error")
-
-
-def _content_text(content: Any) -> Any:
-    """Chat content parts (``[{"type": "text", "text": ...}]``, checked by ``validation``) as one
-    string for the chat template."""
-    if isinstance(content, list):
-        return "".join(str(part.get("text") or part.get("refusal") or "") for part in content)  # pyright: ignore
-    return content
-
-
 class _Gateway:
     """The app's state and handlers (one instance per app)."""
 
@@ -198,7 +163,6 @@ class _Gateway:
         self, backend: GatewayBackend, store: LightningStore | None, config: GatewayConfig, writer: SpanWriter | None
     ) -> None:
         self.backend = backend
-        self.store = store
         self.config = config
         self.writer = writer
         self.recorder = Recorder(writer)
@@ -212,17 +176,12 @@ class _Gateway:
         self.held = 0
         self._resumed: asyncio.Future[None] | None = None
         """Set while paused (see ``pause``): the calls that arrive wait for it."""
-        # optional: a non-streamed call reported through a callback, no task (see GatewayBackend)
-        start_call: Callable[[CallSpec, OnResult], None] | None = getattr(backend, "start_call", None)
-        self._start_call = start_call or self._run_in_task
+        self._start_call = call_starter(backend)
 
     # --- validation -------------------------------------------------------------------------
     def _model(self, requested: str | None, ctx: CallContext) -> str:
-        """The model name to answer with: the requested one when this gateway serves it.
-
-        Echoing the requested alias (not the served name) keeps frameworks that compare the two
-        (AutoGen warns on a mismatch) quiet; spans record the served model either way.
-        """
+        """The model name to answer with: the requested one when this gateway serves it (frameworks that
+        compare the two, as AutoGen does, stay quiet); spans record the served model either way."""
         served = self.backend.model_name
         if requested is None or requested == served:
             return served
@@ -230,13 +189,8 @@ class _Gateway:
         # was configured with ("gpt-4o-mini" in a user's LangChain code): the agent runs unchanged.
         if requested in self.config.model_aliases or self.config.accept_any_model or ctx.rollout_id is not None:
             return requested
-        raise GatewayHTTPError(
-            404,
-            f"the model {requested!r} does not exist here; this gateway serves {served!r}.",
-            type="invalid_request_error",
-            param="model",
-            code="model_not_found",
-        )
+        msg = f"the model {requested!r} does not exist here; this gateway serves {served!r}."
+        raise GatewayHTTPError(404, msg, param="model", code="model_not_found")
 
     def limits(self, n: int, max_tokens: int | None, param: str = "max_tokens") -> int:
         cfg = self.config
@@ -335,13 +289,10 @@ class _Gateway:
 
     # --- pause and drain ------------------------------------------------------------------
     async def pause(self, timeout_s: float | None = None) -> bool:
-        """Stop admitting model calls, then wait until the calls in flight have ended.
-
-        Calls that arrive while paused are held (not refused) and served after ``resume``, so a
-        weight swap between ``pause`` and ``resume`` loses no call and no call is answered partly
-        by the old weights and recorded under the new version. Returns whether every call in
-        flight ended within ``timeout_s`` (``None``: wait as long as it takes).
-        """
+        """Stop admitting model calls, then wait until the calls in flight have ended (within
+        ``timeout_s``, ``None``: however long; returns whether they did). Calls that arrive meanwhile
+        are held and served after ``resume``: a weight swap in between loses no call, and none is
+        answered partly by the old weights and recorded under the new version."""
         if self._resumed is None:
             self._resumed = asyncio.get_running_loop().create_future()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -369,10 +320,6 @@ class _Gateway:
         return await handler(raw, ctx)
 
     # --- non-streamed calls: callbacks, no task -------------------------------------------
-    def _run_in_task(self, spec: CallSpec, on_done: OnResult) -> None:
-        """``start_call`` for a backend that has only ``run``."""
-        call_in_task(self.backend.run(spec), on_done)
-
     def _start_all(
         self, specs: list[CallSpec], on_done: Callable[[list[CallResult] | None, BaseException | None], None]
     ) -> None:
@@ -404,10 +351,8 @@ class _Gateway:
         start: Callable[[Callable[[_T | None, BaseException | None], None]], None],
         finish: Callable[[_T], bytes],
     ) -> asyncio.Future[bytes | Response]:
-        """The answer to a call: ``start(on_done)`` starts the backend's work, whose result
-        ``finish`` records and formats (or whose error becomes the error response). Chained by
-        callbacks, so the serving protocol's fast path writes it without a task (see
-        ``lightning_rl._serving``)."""
+        """The answer to a call: ``start(on_done)`` starts the backend's work, whose result ``finish``
+        records and formats. Chained by callbacks, so the fast path writes it without a task."""
         self.in_flight += 1
         out: asyncio.Future[bytes | Response] = asyncio.get_running_loop().create_future()
 
@@ -438,9 +383,7 @@ class _Gateway:
         upstream down) become a proper error response instead of a broken stream."""
         stream = self.backend.stream(spec)
         try:
-            first = await anext(stream)
-        except StopAsyncIteration:
-            first = None
+            first = await anext(stream, None)
         except BaseException:
             await stream.aclose()
             raise
@@ -492,7 +435,19 @@ class _Gateway:
         return _SSE(body(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
     def _error(self, exc: BaseException) -> Response:
-        response = _failure(exc)
+        """The answer to a failed call, counted: the client's mistakes a 4xx, only a bug a 500."""
+        if isinstance(exc, GatewayHTTPError):
+            response = exc.response()
+        elif isinstance(exc, LightningError) and (status := http_status(exc)) != 500:
+            response = error_response(status, str(exc), code="invalid_value" if status == 400 else None)
+        elif isinstance(exc, ValueError):
+            response = error_response(400, str(exc), code="invalid_value")
+        elif isinstance(exc, ConnectionError):
+            response = error_response(503, str(exc), type="service_unavailable")
+        else:
+            _log.exception("gateway error", exc_info=exc)
+            msg = f"internal gateway error: {type(exc).__name__}: {exc}"
+            response = error_response(500, msg, type="server_error")
         self.errors[response.status_code] += 1
         return response
 
@@ -540,7 +495,7 @@ class _Gateway:
     async def admin_pause(self, request: Request) -> Response:
         """``POST /admin/pause`` (``{"timeout_s": ...}`` optional): stop admitting calls and drain."""
         try:
-            body = _body(await read_body(request.receive, self.config.max_body_bytes) or b"{}")
+            body = await self._admin_body(request, b"{}")
             timeout_s = body.get("timeout_s")
             if timeout_s is not None and (not isinstance(timeout_s, int | float) or timeout_s < 0):
                 raise GatewayHTTPError(400, "'timeout_s' must be a non-negative number of seconds.", param="timeout_s")
@@ -549,6 +504,11 @@ class _Gateway:
         except Exception as exc:
             return self._error(exc)
 
+    async def _admin_body(self, request: Request, empty: bytes) -> dict[str, Any]:
+        """An admin request's JSON object (``empty`` stands for a missing body)."""
+        limit = self.config.max_body_bytes
+        return _body(await read_body(request.receive, limit, partial(body_too_large, None, limit)) or empty)
+
     async def admin_resume(self, request: Request) -> Response:
         """``POST /admin/resume``: admit calls again (the held ones first)."""
         held = self.held
@@ -556,14 +516,10 @@ class _Gateway:
         return JSONResponse({"paused": False, "released": held})
 
     async def admin_weights(self, request: Request) -> Response:
-        """Swap weights (embedded engine) or record the upstream's new version: ``{"path", "version"}``.
-
-        ``path`` names a file inside ``GatewayConfig.weights_dir`` (relative to it, or absolute);
-        anything else is refused before the file system is asked about it (see ``_weights``).
-        """
+        """Swap weights (embedded engine) or record the upstream's new version: ``{"path", "version"}``,
+        ``path`` a file inside ``GatewayConfig.weights_dir`` (anything else is refused: ``_weights``)."""
         try:
-            raw = await read_body(request.receive, self.config.max_body_bytes)
-            body = _body(raw or b"")
+            body = await self._admin_body(request, b"")
             version = body.get("version")
             path = body.get("path")
             if not isinstance(version, int) or isinstance(version, bool) or version < 0:
@@ -587,9 +543,7 @@ class _Gateway:
             return self._error(exc)
 
 
-# --------------------------------------------------------------------------------------------
-# The APIs: what differs between chat completions, completions and responses
-# --------------------------------------------------------------------------------------------
+# --- The APIs: what differs between chat completions, completions and responses ---
 
 _Plan = Callable[["_Gateway", dict[str, Any], CallContext], list[CallSpec]]
 _Chunks = Callable[["_Call", AsyncGenerator[StreamPiece], fmt.StreamAccumulator], AsyncGenerator[str]]
@@ -652,7 +606,7 @@ def _chat_plan(gw: _Gateway, body: dict[str, Any], ctx: CallContext) -> list[Cal
     max_tokens = gw.limits(n, requested, "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens")
     want_lp = bool(body.get("logprobs"))
     messages: list[dict[str, Any]] = [
-        dict(m, content=_content_text(m["content"])) if isinstance(m.get("content"), list) else m
+        dict(m, content=fmt.content_text(m["content"])) if isinstance(m.get("content"), list) else m
         for m in body["messages"]
     ]
     params = gw.params(body, max_tokens, _stop_list(body), (body.get("top_logprobs") or 0) if want_lp else 0, ctx)
@@ -667,19 +621,11 @@ def _completion_plan(gw: _Gateway, body: dict[str, Any], ctx: CallContext) -> li
     requested: int | None = body.get("max_tokens")
     params = gw.params(body, gw.limits(n, requested), _stop_list(body), body.get("logprobs") or 0, ctx)
     want_lp = body.get("logprobs") is not None
+    prompt = body["prompt"]  # one prompt (text or token ids) per choice group (see ``validation``)
+    prompts: list[str | list[int]] = [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
     return [
-        CallSpec(
-            "completion",
-            params,
-            n,
-            requested,
-            prompt=p,
-            want_logprobs=want_lp,
-            body=body,
-            role=ctx.role,
-            affinity=ctx.rollout_id,
-        )
-        for p in _prompts(body["prompt"])
+        CallSpec("completion", params, n, requested, None, None, None, p, want_lp, body, ctx.role, ctx.rollout_id)
+        for p in prompts
     ]
 
 
@@ -759,13 +705,6 @@ _RESPONSES = _API(
 )
 
 
-def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
-    """A completions ``prompt`` (checked by ``validation``) as one prompt per choice group."""
-    if isinstance(prompt, str) or isinstance(prompt[0], int):
-        return [prompt]  # pyright: ignore[reportReturnType]
-    return list(prompt)  # pyright: ignore[reportReturnType]
-
-
 class _GatewayApp(FastAPI):
     """FastAPI with the model-call routes answered before its middleware and router (the hot path)."""
 
@@ -800,13 +739,15 @@ class _GatewayApp(FastAPI):
             return error_response(401, msg, type="authentication_error", code="invalid_api_key")
         size = content_length(headers)
         if size is not None and size > self.max_body_bytes:
-            return body_too_large(size, self.max_body_bytes, self.max_body_why).response()
+            return self._too_large(size).response()
         return None
 
+    def _too_large(self, size: int | None = None) -> GatewayHTTPError:
+        return body_too_large(size, self.max_body_bytes, self.max_body_why)
+
     def call_for(self, path: str, headers: list[tuple[bytes, bytes]]) -> FastHandler | None:
-        """The one entry point of the model-call routes: the handler of ``path`` bound to the call's
-        context (from the path, else the ``X-Lightning-*`` headers), or ``None`` when ``path`` is no
-        model call. The serving protocol's fast path and ``__call__`` both answer through it."""
+        """The one entry point of the model-call routes (for the fast path and ``__call__``): the handler
+        of ``path`` bound to the call's context, or ``None`` when ``path`` is no model call."""
         hit = match_call(path)
         if hit is None:
             return None
@@ -837,7 +778,7 @@ class _GatewayApp(FastAPI):
     async def _answer(self, answer: FastHandler, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the body, answer the call, send the answer (the ASGI path; the fast path does this itself)."""
         try:
-            raw = await read_body(receive, self.max_body_bytes, self.max_body_why)
+            raw = await read_body(receive, self.max_body_bytes, self._too_large)
         except GatewayHTTPError as exc:  # a chunked body above the limit
             await exc.response()(scope, receive, send)
             return
@@ -850,9 +791,8 @@ class _GatewayApp(FastAPI):
             await out(scope, receive, send)
 
     def fast_handler(self, path: str, headers: list[tuple[bytes, bytes]]) -> FastHandler | None:
-        """The model-call routes for the serving protocol's fast path (``lightning_rl._serving``);
-        ``None`` sends the request through ``__call__`` (other routes, a missing or wrong token, a
-        body without ``Content-Length`` or above the limit: ``__call__`` counts or refuses it)."""
+        """The model-call routes for the serving protocol's fast path (``lightning_rl._serving``); ``None``
+        leaves the request to ``__call__`` (other routes, a bad token, no ``Content-Length``, a 413)."""
         if not self._token_ok(headers):
             return None
         size = content_length(headers)
@@ -923,11 +863,8 @@ def create_gateway_app(
     if isinstance(context_bound, int) and context_bound < config.max_body_bytes:  # see EngineBackend.body_bound
         app.max_body_bytes = context_bound
         app.max_body_why = "no longer body can hold a prompt that fits the model's context"
-    app.calls = {
-        "chat": gw.bound(partial(gw.handle, _CHAT)),
-        "completions": gw.bound(partial(gw.handle, _COMPLETIONS)),
-        "responses": gw.bound(partial(gw.handle, _RESPONSES)),
-    }
+    apis: dict[CallKind, _API] = {"chat": _CHAT, "completions": _COMPLETIONS, "responses": _RESPONSES}
+    app.calls = {kind: gw.bound(partial(gw.handle, api)) for kind, api in apis.items()}
     for prefix in _PREFIXES:  # the model calls are answered by app.call_for, before the router
         app.add_route(prefix + "/v1/models", gw.models, methods=["GET"], include_in_schema=False)
     app.add_route("/metrics", gw.metrics, methods=["GET"], include_in_schema=False)

@@ -9,10 +9,9 @@ agent inside its base URL (``…/rollouts/R/attempts/A/key/K/v1``, see
 ``lightning_rl.agent.rollout_base_url``), so frameworks and plugins carry it without knowing; a
 rollout's id alone, which the trainer makes predictable, is no longer enough to write into it.
 
-The store is asked once per attempt and the answer kept for ``ttl_s`` while the attempt runs (an
-ended attempt never runs again, so that answer is kept for good): one look-up per attempt rather
-than per call. A call may therefore still be served up to ``ttl_s`` after its attempt ended.
-Concurrent first calls of an attempt share one look-up.
+The store is asked once per attempt (concurrent first calls share the look-up) and the answer kept
+for ``ttl_s`` while the attempt runs, for good once it ended: a call may still be served up to
+``ttl_s`` after its attempt ended.
 """
 
 from __future__ import annotations
@@ -39,12 +38,8 @@ def _not_found(message: str) -> GatewayHTTPError:
 
 
 class AttemptBinder:
-    """Resolves and checks the attempt of each recorded call (see the module docstring).
-
-    Args:
-        store: Where attempts are looked up.
-        ttl_s: How long a running attempt's look-up is trusted.
-    """
+    """Resolves and checks the attempt of each recorded call against ``store``, trusting a running
+    attempt's look-up for ``ttl_s`` (see the module docstring)."""
 
     def __init__(self, store: LightningStore, ttl_s: float = 1.0) -> None:
         self.store = store
@@ -54,11 +49,8 @@ class AttemptBinder:
         self._pending: dict[str, asyncio.Future[Attempt]] = {}
 
     def bind(self, ctx: CallContext) -> CallContext | Awaitable[CallContext]:
-        """``ctx`` with its attempt id, at once when the attempt's answer is cached, else an awaitable.
-
-        Raises (or the awaitable raises) ``GatewayHTTPError``: 404 unknown rollout or attempt, 409 the
-        attempt ended, 403 the key is missing or wrong, 503 the store cannot be reached.
-        """
+        """``ctx`` with its attempt id, at once when the attempt's answer is cached, else an awaitable;
+        either raises ``GatewayHTTPError`` (404 unknown, 409 ended, 403 wrong key, 503 store down)."""
         assert ctx.rollout_id is not None
         now = time.monotonic()
         cached = self._cached(ctx, now)

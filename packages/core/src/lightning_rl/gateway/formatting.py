@@ -9,11 +9,12 @@ choice's full ``token_ids`` and the prompt's ids.
 from __future__ import annotations
 
 import os
+from itertools import accumulate
 from typing import Any
 
 from lightning_rl.engine.base import ParsedToolCall
 from lightning_rl.gateway.protocol import GatewayHTTPError, dumps
-from lightning_rl.gateway.upstreams import CallResult, CallSpec, ChoiceResult, StreamPiece
+from lightning_rl.gateway.upstreams import CallResult, CallSpec, ChoiceResult, StreamPiece, tool_calls_json
 
 __all__ = [
     "usage",
@@ -30,6 +31,7 @@ __all__ = [
     "response_object",
     "ResponsesEvents",
     "sse",
+    "content_text",
 ]
 
 
@@ -45,19 +47,30 @@ def sse(payload: dict[str, Any], event: str | None = None) -> str:
     return f"{head}data: {dumps(payload)}\n\n"
 
 
-def _tool_calls_json(calls: list[ParsedToolCall]) -> list[dict[str, Any]]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+def content_text(content: Any) -> str:
+    """Message content as one string for the chat template: a list's text parts (``text``, else
+    ``refusal``, as chat and the Responses API spell them) joined."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        return str(content)
+    parts: list[str] = []
+    for part in content:
+        if isinstance(part, dict):
+            text = part.get("text")
+            text = text if isinstance(text, str) else part.get("refusal")
+            if isinstance(text, str):
+                parts.append(text)
+        elif isinstance(part, str):
+            parts.append(part)
+    return "".join(parts)
 
 
-# --------------------------------------------------------------------------------------------
-# Chat completions
-# --------------------------------------------------------------------------------------------
-
-
+# --- Chat completions ---
 def chat_message(choice: ChoiceResult) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": choice.content}
     if choice.tool_calls:
-        message["tool_calls"] = _tool_calls_json(choice.tool_calls)
+        message["tool_calls"] = tool_calls_json(choice.tool_calls)
         if not choice.content:
             message["content"] = None
     return message
@@ -94,23 +107,15 @@ def chat_delta(piece: StreamPiece, *, first: bool) -> dict[str, Any]:
     return delta
 
 
-# --------------------------------------------------------------------------------------------
-# Completions
-# --------------------------------------------------------------------------------------------
-
-
+# --- Completions ---
 def _legacy_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any]:
     entries = entries or []
-    offsets: list[int] = []
-    pos = 0
-    for e in entries:
-        offsets.append(pos)
-        pos += len(e["token"])
+    tokens: list[str] = [e["token"] for e in entries]
     return {
-        "tokens": [e["token"] for e in entries],
+        "tokens": tokens,
         "token_logprobs": [e["logprob"] for e in entries],
         "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs") or ()} for e in entries],
-        "text_offset": offsets,
+        "text_offset": list(accumulate(map(len, tokens), initial=0))[:-1],
     }
 
 
@@ -180,11 +185,7 @@ def _envelope(rid: str, created: int, model: str, chat: bool, choices: list[dict
     return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
 
 
-# --------------------------------------------------------------------------------------------
-# Stream accumulation (for the last chunk, the recorded span and the Responses API)
-# --------------------------------------------------------------------------------------------
-
-
+# --- Stream accumulation (for the last chunk, the recorded span and the Responses API) ---
 class _ChoiceAcc:
     __slots__ = ("content", "raw", "ids", "lps", "calls", "finish", "version", "adapter", "parse_error", "exact")
 
@@ -276,34 +277,10 @@ class StreamAccumulator:
             for c in choices:
                 c.token_ids = c.token_ids or None
                 c.logprobs = c.logprobs or None
-        return CallResult(
-            self.prompt_ids if exact else self.prompt_ids, choices, exact, prompt_tokens, completion_tokens
-        )
+        return CallResult(self.prompt_ids, choices, exact, prompt_tokens, completion_tokens)
 
 
-# --------------------------------------------------------------------------------------------
-# Responses API (the part the OpenAI Agents SDK uses)
-# --------------------------------------------------------------------------------------------
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    parts.append(text)
-            elif isinstance(part, str):
-                parts.append(part)
-        return "".join(parts)
-    return str(content)
-
-
+# --- Responses API (the part the OpenAI Agents SDK uses) ---
 def responses_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
     """Responses ``instructions`` + ``input`` items (checked by ``validation``) as chat messages
     (function calls merged into turns)."""
@@ -319,7 +296,7 @@ def responses_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
         if kind == "message":
             role = str(item.get("role") or "user")
             messages.append(
-                {"role": "system" if role == "developer" else role, "content": _content_text(item.get("content"))}
+                {"role": "system" if role == "developer" else role, "content": content_text(item.get("content"))}
             )
         elif kind == "function_call":
             call = {
@@ -327,22 +304,13 @@ def responses_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
                 "type": "function",
                 "function": {"name": str(item.get("name") or ""), "arguments": str(item.get("arguments") or "{}")},
             }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)
-            elif last is not None and last["role"] == "assistant":
-                last["tool_calls"] = [call]
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = item.get("output")
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": str(item.get("call_id") or ""),
-                    "content": output if isinstance(output, str) else _content_text(output),
-                }
-            )
+            call_id = str(item.get("call_id") or "")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": content_text(item.get("output"))})
         # "reasoning" and "item_reference" items: nothing the model can consume here
     if not messages or all(m["role"] == "system" for m in messages):
         raise GatewayHTTPError(400, "input is empty: send at least one message.", param="input", code="invalid_value")
@@ -365,24 +333,22 @@ def responses_tool_choice(choice: Any) -> Any:
     return choice
 
 
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
 def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    return {
-        "type": "message",
-        "id": item_id,
-        "status": status,
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-    }
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [_text_part(text)]}
 
 
-def _call_item(call: ParsedToolCall, status: str = "completed") -> dict[str, Any]:
+def _call_item(call: ParsedToolCall) -> dict[str, Any]:
     return {
         "type": "function_call",
         "id": "fc_" + os.urandom(12).hex(),
         "call_id": call.id,
         "name": call.name,
         "arguments": call.arguments,
-        "status": status,
+        "status": "completed",
     }
 
 
@@ -449,9 +415,9 @@ class ResponsesEvents:
     def __init__(self, rid: str, created: int, model: str, req: dict[str, Any]) -> None:
         self.rid, self.created, self.model, self.req = rid, created, model, req
         self.message_id = "msg_" + os.urandom(12).hex()
+        self._part = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
         self._seq = 0
-        self._text_open = False
-        self._text: list[str] = []
+        self._text: list[str] = []  # the message's deltas so far
 
     def _event(self, kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": self._seq, **fields}
@@ -466,40 +432,22 @@ class ResponsesEvents:
         if not text:
             return []
         out: list[str] = []
-        if not self._text_open:
-            self._text_open = True
-            item = _message_item(self.message_id, "", "in_progress")
-            item["content"] = []
+        if not self._text:
+            item = dict(_message_item(self.message_id, "", "in_progress"), content=[])
             out.append(self._event("response.output_item.added", output_index=0, item=item))
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            out.append(
-                self._event(
-                    "response.content_part.added", item_id=self.message_id, output_index=0, content_index=0, part=part
-                )
-            )
+            out.append(self._event("response.content_part.added", **self._part, part=_text_part("")))
         self._text.append(text)
-        out.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=self.message_id,
-                output_index=0,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        )
+        out.append(self._event("response.output_text.delta", **self._part, delta=text, logprobs=[]))
         return out
 
     def finish(self, result: CallResult) -> list[str]:
         out: list[str] = []
         final = response_object(self.rid, self.created, self.model, self.req, result, message_id=self.message_id)
         index = 0
-        if self._text_open:
+        if self._text:
             text = "".join(self._text)
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            ids = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
-            out.append(self._event("response.output_text.done", **ids, text=text, logprobs=[]))
-            out.append(self._event("response.content_part.done", **ids, part=part))
+            out.append(self._event("response.output_text.done", **self._part, text=text, logprobs=[]))
+            out.append(self._event("response.content_part.done", **self._part, part=_text_part(text)))
             out.append(
                 self._event("response.output_item.done", output_index=0, item=_message_item(self.message_id, text))
             )

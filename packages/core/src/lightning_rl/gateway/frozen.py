@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable
 
-from lightning_rl.gateway.upstreams import CallResult, CallSpec, GatewayBackend, OnResult, StreamPiece, call_in_task
+from lightning_rl.gateway.upstreams import CallResult, CallSpec, GatewayBackend, OnResult, StreamPiece, call_starter
 
 __all__ = ["FrozenRolesBackend"]
 
@@ -25,12 +25,11 @@ class FrozenRolesBackend:
     """Route each call to ``policy`` or, when ``is_frozen(call's role)``, to ``frozen``.
 
     Args:
-        policy: Serves the trainable roles (and calls without a role that ``is_frozen`` keeps); it
-            names the served model and takes weight loads.
+        policy: Serves the trainable roles (and role-less calls ``is_frozen`` keeps); it names the
+            served model and takes weight loads.
         frozen: Serves the frozen roles; its weights never change here.
-        is_frozen: ``role -> bool``, asked per call (``None`` when the call named no role). It is
-            asked at call time, so a plugin's ``instrument(trainable=...)`` made after the gateway
-            started still counts.
+        is_frozen: ``role -> bool`` (``None``: no role), asked per call, so a plugin's
+            ``instrument(trainable=...)`` made after the gateway started still counts.
     """
 
     def __init__(self, policy: GatewayBackend, frozen: GatewayBackend, is_frozen: Callable[[str | None], bool]) -> None:
@@ -69,12 +68,7 @@ class FrozenRolesBackend:
 
     def start_call(self, spec: CallSpec, on_done: OnResult) -> None:
         """The callback form (see ``GatewayBackend``), kept when the chosen side has it."""
-        backend = self._pick(spec)
-        start: Callable[[CallSpec, OnResult], None] | None = getattr(backend, "start_call", None)
-        if start is not None:
-            start(spec, on_done)
-        else:
-            call_in_task(backend.run(spec), on_done)
+        call_starter(self._pick(spec))(spec, on_done)
 
     def stream(self, spec: CallSpec) -> AsyncGenerator[StreamPiece]:
         return self._pick(spec).stream(spec)

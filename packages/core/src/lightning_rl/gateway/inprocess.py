@@ -87,20 +87,15 @@ def serving_here(base_url: str) -> bool:
 
 
 def in_process_transport(base_url: str, fallback: httpx.AsyncBaseTransport) -> InProcessTransport | None:
-    """A transport to the gateway serving ``base_url`` in this process on the running loop (requests
-    it does not take go to ``fallback``, which it then owns), or ``None`` when there is none."""
+    """An ``InProcessTransport`` to the gateway of ``base_url`` if it serves here, else ``None``."""
     if not serving_here(base_url):
         return None
     return InProcessTransport(asyncio.get_running_loop(), fallback)
 
 
 class InProcessTransport(httpx.AsyncBaseTransport):
-    """Sends model calls to the gateway app served in this process; everything else to ``fallback``.
-
-    Args:
-        loop: the event loop the gateway serves on (requests from another loop use ``fallback``).
-        fallback: a real HTTP transport (owned: closed with this one).
-    """
+    """Sends model calls to the gateway app served in this process on ``loop``; everything else, and
+    requests from another loop, to ``fallback`` (a real HTTP transport, closed with this one)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fallback: httpx.AsyncBaseTransport) -> None:
         self._loop = loop
@@ -116,7 +111,7 @@ class InProcessTransport(httpx.AsyncBaseTransport):
         if handler is None:
             return await self._fallback.handle_async_request(request)
         body = await request.aread()
-        timeout = _read_timeout(request)
+        timeout = cast(dict[str, float | None], request.extensions.get("timeout", {})).get("read")
         context = contextvars.Context()  # the server's handlers never see the agent's context
         pending = context.run(handler, body)
         future: asyncio.Future[Any] = (
@@ -214,11 +209,6 @@ class InProcessTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._fallback.aclose()
-
-
-def _read_timeout(request: httpx.Request) -> float | None:
-    timeouts = cast(dict[str, float | None], request.extensions.get("timeout", {}))
-    return timeouts.get("read")
 
 
 async def _awaited(pending: Awaitable[Any]) -> Any:

@@ -9,14 +9,7 @@ import orjson
 from pydantic_core import from_json, to_json
 from starlette.responses import Response
 
-__all__ = [
-    "GatewayHTTPError",
-    "error_response",
-    "new_call_id",
-    "dumps",
-    "dumpb",
-    "loads",
-]
+__all__ = ["GatewayHTTPError", "error_response", "new_call_id", "dumps", "dumpb", "loads"]
 
 
 class GatewayHTTPError(Exception):
@@ -56,24 +49,19 @@ def error_response(
 
 
 def new_call_id(prefix: str) -> str:
-    """A unique id such as ``chatcmpl-<32 hex>``; its hex part doubles as the span's trace id.
-
-    128 random bits from ``random`` (seeded from the OS at start-up and again in every forked
-    child), as OpenTelemetry's SDK makes trace ids: unique without a system call per id. Nothing
-    secret depends on an id.
-    """
+    """A unique id such as ``chatcmpl-<32 hex>``; its hex part doubles as the span's trace id. 128 bits
+    from ``random`` (seeded from the OS at start-up and in every forked child), as OpenTelemetry's
+    SDK makes trace ids: unique without a system call per id, and nothing secret depends on one."""
     return f"{prefix}{random.getrandbits(128):032x}"
 
 
 def dumpb(obj: Any) -> bytes:
     """Compact UTF-8 JSON, as ``json.dumps(obj, separators=(",", ":"), ensure_ascii=False)`` writes it.
 
-    ``orjson``: ~4x faster than pydantic-core (and ~10x faster than ``json``) on the token-id lists
-    and logprobs the gateway forwards on every call, which with real prompts are most of its work.
-    Floats keep their shortest round-trip form (exact logprobs). NaN and infinities are written as
-    ``null`` (strict JSON, as pydantic writes them; no OpenAI-compatible server sends them).
-    Values orjson does not write (integers beyond 64 bits, non-string keys, sets, models) go
-    through pydantic-core instead.
+    ``orjson``: ~4x faster than pydantic-core (~10x than ``json``) on the token-id lists and logprobs
+    forwarded on every call, most of the gateway's work with real prompts. Floats keep their
+    shortest round-trip form (exact logprobs); NaN and infinities become ``null``. What orjson does
+    not write (integers beyond 64 bits, non-string keys, sets, models) goes through pydantic-core.
     """
     try:
         return orjson.dumps(obj)
@@ -87,12 +75,8 @@ def dumps(obj: Any) -> str:
 
 
 def loads(data: bytes | str) -> Any:
-    """Parse JSON like ``json.loads``; ``ValueError`` when invalid.
-
-    ``orjson`` first; what it refuses is parsed again by pydantic-core's more lenient parser
-    (``NaN``/``Infinity`` literals), which raises for really broken JSON. Integers beyond 64 bits
-    come back as floats (no field of the API takes one: a ``seed`` that large is refused).
-    """
+    """Parse JSON like ``json.loads`` (``ValueError`` when invalid): ``orjson``, else pydantic-core's
+    more lenient parser (``NaN``/``Infinity``; integers beyond 64 bits come back as floats)."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:

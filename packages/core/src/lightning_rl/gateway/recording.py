@@ -26,23 +26,7 @@ from lightning_rl.gateway.upstreams import CallResult
 from lightning_rl.store.writer import SpanWriter
 from lightning_rl.types import Span, SpanStatus
 
-__all__ = [
-    "CallContext",
-    "CallInfo",
-    "Recorder",
-    "build_llm_spans",
-    "RESPONSE_TEXT",
-    "INPUT_MESSAGES",
-    "API",
-    "STREAM",
-]
-
-
-# Re-exported for callers that imported them from here.
-RESPONSE_TEXT = sc.RESPONSE_TEXT
-INPUT_MESSAGES = sc.GEN_AI_INPUT_MESSAGES
-API = sc.API
-STREAM = sc.STREAM
+__all__ = ["CallContext", "CallInfo", "Recorder", "build_llm_spans"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,25 +66,14 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def _construct(cls: type[_M], fields: dict[str, Any], names: frozenset[str]) -> _M:
-    """``cls.model_construct(**fields)`` for a dict holding every field (``names``), in a third of the time.
-
-    It sets the four attributes pydantic's own ``model_construct`` sets, without its per-field
-    default and alias handling (every field is given); a test checks the result is the same.
-    """
+    """``cls.model_construct(**fields)`` for a dict holding every field (``names``), in a third of the
+    time: the four attributes pydantic sets, without its per-field defaults and aliases (tested)."""
     model = _new_object(cls)
     _set(model, "__dict__", fields)
     _set(model, "__pydantic_fields_set__", set(names))
     _set(model, "__pydantic_extra__", None)
     _set(model, "__pydantic_private__", None)
     return model
-
-
-def _span(fields: dict[str, Any]) -> Span:
-    return _construct(Span, fields, _SPAN_FIELDS)
-
-
-def _ok() -> SpanStatus:
-    return _construct(SpanStatus, {"code": "ok", "message": None}, _STATUS_FIELDS)
 
 
 def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: CallResult) -> list[Span]:
@@ -123,9 +96,9 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
         sc.PROMPT_TOKEN_IDS: result.prompt_ids,
         sc.TOKENS_EXACT: result.tokens_exact,
         sc.LATENCY_S: latency,
-        API: info.api,
-        STREAM: info.stream,
-        INPUT_MESSAGES: inputs,
+        sc.API: info.api,
+        sc.STREAM: info.stream,
+        sc.GEN_AI_INPUT_MESSAGES: inputs,
     }
     if ctx.role is not None:
         common[sc.ROLE] = ctx.role
@@ -143,12 +116,13 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
         attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = len(choice.token_ids) if choice.token_ids is not None else None
         calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in choice.tool_calls]
         attrs[sc.TOOL_CALLS] = dumps(calls) if calls else "[]"
-        attrs[RESPONSE_TEXT] = choice.text
+        attrs[sc.RESPONSE_TEXT] = choice.text
         attrs[sc.RESPONSE_CONTENT] = choice.content  # the message content the client saw (capture joins on it)
         if choice.parse_error is not None:
             attrs[sc.TOOL_CALL_PARSE_ERROR] = choice.parse_error
         spans.append(
-            _span(
+            _construct(
+                Span,
                 {
                     "trace_id": trace_id,
                     "span_id": f"{random.getrandbits(64):016x}",  # as new_call_id: no system call
@@ -159,11 +133,12 @@ def build_llm_spans(ctx: CallContext, attempt_id: str, info: CallInfo, result: C
                     "end_ns": info.end_ns,
                     "attributes": attrs,
                     "events": [],
-                    "status": _ok(),
+                    "status": _construct(SpanStatus, {"code": "ok", "message": None}, _STATUS_FIELDS),
                     "rollout_id": ctx.rollout_id,
                     "attempt_id": attempt_id,
                     "seq": 0,
-                }
+                },
+                _SPAN_FIELDS,
             )
         )
     return spans

@@ -2,15 +2,9 @@
 
 Tests, examples and the trainer start a gateway next to their own async code; running uvicorn as a
 task of the current loop (instead of a thread or a subprocess) keeps the engine, the store and the
-agent on one loop and makes start-up and shutdown deterministic.
-
-``uvicorn_config`` is what every gateway process uses (``running_gateway``, ``lightning-rl gateway
-serve``, the benchmark). It picks uvicorn's httptools parser when installed and coalesces the
-writes of one event-loop step into one ``send``: uvicorn writes a response's head and body
-separately, and on loopback each ``send`` costs the gateway tens of microseconds and wakes the
-client twice. It also drops the ``date``/``server`` headers and proxy-header rewriting, which the
-gateway never needs. ``run_server`` runs a server's main coroutine on uvloop when it is installed
-(what ``uvicorn.run`` would pick), else on asyncio's own loop.
+agent on one loop and makes start-up and shutdown deterministic. ``uvicorn_config`` is what every
+gateway process uses: the serving protocol of ``lightning_rl._serving`` (coalesced writes, the fast
+path), without the ``date``/``server`` headers and proxy-header rewriting the gateway never needs.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from typing import Any, TypeVar
 from lightning_rl._serving import http_protocol, wait_until_serving
 from lightning_rl.gateway.inprocess import serving_in_process
 
-__all__ = ["running_gateway", "uvicorn_config", "http_protocol", "run_server", "freeze_startup_heap"]
+__all__ = ["running_gateway", "uvicorn_config", "run_server", "freeze_startup_heap"]
 
 _T = TypeVar("_T")
 _YOUNG_THRESHOLD = 20_000

@@ -26,9 +26,9 @@ from typing import Any, Literal, Protocol, cast
 
 import httpx
 
-from lightning_rl.engine.base import InferenceEngine, ParsedToolCall, SamplingParams, StreamDelta
+from lightning_rl.engine.base import InferenceEngine, ParsedToolCall, SamplingParams
 from lightning_rl.errors import InvalidRequestError
-from lightning_rl.gateway._http import LeanHTTPClient
+from lightning_rl.gateway._http import LeanHTTPClient, resolve
 from lightning_rl.gateway.protocol import GatewayHTTPError, dumpb, loads
 
 __all__ = [
@@ -39,24 +39,19 @@ __all__ = [
     "GatewayBackend",
     "OnResult",
     "call_in_task",
+    "call_starter",
+    "tool_calls_json",
     "EngineBackend",
     "UpstreamBackend",
     "RetryPolicy",
 ]
 
 
-# --------------------------------------------------------------------------------------------
-# Neutral shapes
-# --------------------------------------------------------------------------------------------
-
-
+# --- Neutral shapes ---
 @dataclass(slots=True)
 class CallSpec:
-    """One model call, whatever API it came through.
-
-    ``messages``/``tools`` are set for chat calls, ``prompt`` (text or token ids) for completions.
-    ``body`` is the client's JSON, forwarded (adjusted) in upstream mode.
-    """
+    """One model call, whatever API it came through: ``messages``/``tools`` for chat, ``prompt`` (text
+    or token ids) for completions; ``body`` is the client's JSON, forwarded (adjusted) upstream."""
 
     api: Literal["chat", "completion"]
     params: SamplingParams
@@ -110,11 +105,8 @@ class CallResult:
 
 @dataclass(slots=True)
 class StreamPiece:
-    """A piece of a streamed choice; the choice's last piece has ``finish_reason`` set.
-
-    ``text`` is the content delta shown to the client; ``raw_text`` the generated text it came
-    from when they differ (a buffered tool call). ``tool_call_deltas`` are OpenAI delta objects.
-    """
+    """A piece of a streamed choice (its last has ``finish_reason`` set): ``text`` is the content delta
+    shown to the client, ``raw_text`` the generated text it came from when they differ (a tool call)."""
 
     index: int
     text: str = ""
@@ -138,12 +130,9 @@ OnResult = Callable[[CallResult | None, BaseException | None], None]
 
 
 class GatewayBackend(Protocol):
-    """What the gateway app needs from a backend.
-
-    A backend may also offer ``start_call(spec, on_done: OnResult)``: ``run`` started without awaiting
-    it, reporting through a callback. The gateway then answers from that callback instead of
-    running a task per call (``UpstreamBackend`` does; without it, ``run`` runs in a task).
-    """
+    """What the gateway app needs from a backend. It may also offer ``start_call(spec, on_done:
+    OnResult)``: ``run`` reporting through a callback, so the gateway answers without a task per call
+    (``UpstreamBackend`` does; see ``call_starter``)."""
 
     @property
     def model_name(self) -> str: ...
@@ -162,27 +151,19 @@ class GatewayBackend(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _tool_call_deltas(calls: Sequence[ParsedToolCall]) -> list[dict[str, Any]]:
-    return [
-        {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for i, c in enumerate(calls)
-    ]
+def tool_calls_json(calls: Sequence[ParsedToolCall]) -> list[dict[str, Any]]:
+    """Parsed tool calls as OpenAI's ``tool_calls`` objects."""
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
-# --------------------------------------------------------------------------------------------
-# Embedded engine
-# --------------------------------------------------------------------------------------------
-
-
+# --- Embedded engine ---
 _INLINE_TOKENISE_CHARS = 16_384
 """Prompts up to this many characters are tokenised on the event loop (a thread hop would cost
 more than it saves); longer ones on a worker thread."""
 
 
 def _text_chars(value: Any) -> int:
-    """Characters of the text in a JSON value (strings, and strings inside lists and objects).
-
-    Iterative: a client's JSON may nest deeper than Python's recursion limit."""
+    """Characters of the strings in a JSON value (iterative: JSON may nest past the recursion limit)."""
     total = 0
     todo: list[Any] = [value]
     while todo:
@@ -196,24 +177,13 @@ def _text_chars(value: Any) -> int:
     return total
 
 
-def _prompt_chars(spec: CallSpec) -> int:
-    """Characters of the text a call's prompt is made of (0 for a token-id prompt)."""
-    if spec.api == "chat":
-        return _text_chars(spec.messages) + _text_chars(spec.tools)
-    return len(spec.prompt) if isinstance(spec.prompt, str) else 0
-
-
 BODY_SLACK = 1 << 20
 """Bytes allowed for the fields of a request that are not prompt text (see ``EngineBackend.body_bound``)."""
 
 
 class EngineBackend:
-    """Serve an ``InferenceEngine`` in-process (exact tokens, per-token sampling logprobs).
-
-    Args:
-        engine: The engine to serve.
-        owns_engine: Close the engine (its ``close()``) when the gateway shuts down.
-    """
+    """Serve an ``InferenceEngine`` in-process (exact tokens, per-token sampling logprobs); with
+    ``owns_engine`` its ``close()`` is called when the gateway shuts down."""
 
     def __init__(self, engine: InferenceEngine, *, owns_engine: bool = False) -> None:
         self.engine = engine
@@ -250,13 +220,10 @@ class EngineBackend:
     def body_bound(self) -> int | None:
         """The largest request body whose prompt could still fit the context (``None``: unknown).
 
-        ``_check_length`` refuses a prompt of more than ``context * longest token`` characters, but
-        only after the body is parsed, and parsing JSON holds the event loop (about 4 ms per MB
-        here): a 15 MB body under the operator's limit stalled every other call for 60 ms. JSON
-        spells a character in at most 12 bytes (a ``\\uXXXX`` surrogate pair), so a body longer
-        than 12 bytes per possible prompt character, plus ``BODY_SLACK`` for the fields that are
-        not prompt text (sampling settings, ``logit_bias``, ``stop``), cannot fit, and the gateway
-        refuses it by its ``Content-Length``, unread.
+        ``_check_length`` refuses a longer prompt only once the body is parsed, and parsing JSON holds
+        the event loop (about 4 ms per MB: a 15 MB body stalled every other call for 60 ms). JSON spells
+        a character in at most 12 bytes (a ``\\uXXXX`` surrogate pair), so a body above 12 bytes per
+        possible prompt character plus ``BODY_SLACK`` (the other fields) is refused by its length.
         """
         longest = self._longest_token()
         if longest is None:
@@ -265,11 +232,8 @@ class EngineBackend:
 
     # --- preparing a call -------------------------------------------------------------------
     def _longest_token(self) -> int | None:
-        """The most characters one token of the vocabulary stands for (``None``: unknown).
-
-        A token's string in the vocabulary has at least as many characters as the text it decodes
-        to (byte-level BPE writes one character per byte), so it bounds them from above.
-        """
+        """The most characters one token stands for (``None``: unknown): a token's vocabulary string has at
+        least as many characters as the text it decodes to (byte-level BPE writes one per byte)."""
         if self._max_token_chars is None:
             tokenizer = getattr(self.engine, "tokenizer", None)
             get_vocab = getattr(tokenizer, "get_vocab", None)
@@ -281,33 +245,28 @@ class EngineBackend:
         return self._max_token_chars or None
 
     def _check_length(self, spec: CallSpec) -> int:
-        """Refuse, before tokenising, a prompt that cannot fit the context whatever its tokens.
-
-        Every token covers at most ``_longest_token()`` characters, so a text longer than the
-        context times that has more tokens than the context holds. Counting characters costs
-        microseconds; tokenising a 10 MB prompt took seconds. Returns the characters counted.
-        """
-        chars = _prompt_chars(spec)
+        """Refuse, before tokenising, a prompt longer than the context times ``_longest_token()``
+        characters: counting them costs microseconds, tokenising a 10 MB prompt took seconds.
+        Returns the characters counted."""
+        if spec.api == "chat":
+            chars = _text_chars(spec.messages) + _text_chars(spec.tools)
+        else:
+            chars = len(spec.prompt) if isinstance(spec.prompt, str) else 0  # 0: token ids
         longest = self._longest_token()
         if longest is None:
             return chars
         context = self.engine.max_context
         if chars > context * longest:
-            raise GatewayHTTPError(
-                400,
+            raise _too_long(
+                spec,
                 f"the prompt has {chars} characters, more than the model's context of {context} tokens can hold "
                 f"(at most {longest} characters per token); shorten the conversation.",
-                param="messages" if spec.api == "chat" else "prompt",
-                code="context_length_exceeded",
             )
         return chars
 
     async def _encode(self, spec: CallSpec) -> list[int]:
-        """The prompt's ids: small prompts tokenised at once, long ones on a worker thread.
-
-        Tokenising holds the CPU for long (seconds for megabytes with a slow tokenizer); on the
-        event loop it stalled every other call and ``/health`` for as long.
-        """
+        """The prompt's ids: small prompts tokenised at once, long ones on a worker thread (seconds for
+        megabytes with a slow tokenizer: on the event loop it stalled every call and ``/health``)."""
         if self._check_length(spec) <= _INLINE_TOKENISE_CHARS:
             return self._prompt_ids(spec)
         return await asyncio.to_thread(self._prompt_ids, spec)
@@ -317,9 +276,7 @@ class EngineBackend:
             assert spec.messages is not None
             try:
                 return self.engine.encode_chat(spec.messages, spec.tools or None)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise InvalidRequestError(f"could not render the messages with the chat template: {exc}") from exc
-            except Exception as exc:  # jinja2 errors (raise_exception in a template) and the like
+            except Exception as exc:  # KeyError and the like, jinja2's errors (raise_exception in a template)
                 raise InvalidRequestError(f"could not render the messages with the chat template: {exc}") from exc
         if isinstance(spec.prompt, str):
             return self.engine.encode_text(spec.prompt)
@@ -329,16 +286,12 @@ class EngineBackend:
     def _params(self, spec: CallSpec, prompt_len: int) -> SamplingParams:
         context = self.engine.max_context
         if prompt_len >= context:
-            raise GatewayHTTPError(
-                400,
+            raise _too_long(
+                spec,
                 f"the prompt is {prompt_len} tokens long but the model's context is {context} tokens; "
                 "shorten the conversation (leave room for the completion).",
-                param="messages" if spec.api == "chat" else "prompt",
-                code="context_length_exceeded",
             )
-        room = context - prompt_len
-        max_tokens = min(spec.params.max_tokens, room)
-        return replace(spec.params, max_tokens=max_tokens)
+        return replace(spec.params, max_tokens=min(spec.params.max_tokens, context - prompt_len))
 
     def _token_entry(self, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
         text = self._token_text.get(token_id)
@@ -429,62 +382,55 @@ class EngineBackend:
         first = True
         iterator = self.engine.stream(prompt_ids, params)
         try:
-            async for delta in iterator:
-                if buffer:
-                    ids += delta.token_ids
-                    lps += delta.logprobs
-                    texts.append(delta.text)
-                    if delta.finish_reason is not None:
-                        yield self._buffered_piece(spec, index, prompt_ids, ids, lps, "".join(texts), delta)
+            async for d in iterator:
+                if not buffer:
+                    yield StreamPiece(
+                        index,
+                        d.text,
+                        token_ids=d.token_ids,
+                        logprobs=d.logprobs,
+                        logprob_entries=self._entries(d.token_ids, d.logprobs, None) if spec.want_logprobs else None,
+                        finish_reason=("stop" if d.finish_reason == "tool_calls" else d.finish_reason),
+                        model_version=d.model_version,
+                        prompt_ids=prompt_ids if first else None,
+                        adapter=d.adapter,
+                        adapter_version=d.adapter_version,
+                    )
+                    first = False
                     continue
-                yield self._delta_piece(spec, index, prompt_ids if first else None, delta)
-                first = False
+                ids += d.token_ids
+                lps += d.logprobs
+                texts.append(d.text)
+                if d.finish_reason is None:
+                    continue
+                text = "".join(texts)
+                choice = self._finish(spec, index, text, d.finish_reason)
+                yield StreamPiece(
+                    index,
+                    choice.content or "",
+                    raw_text=text,
+                    token_ids=ids,
+                    logprobs=lps,
+                    logprob_entries=self._entries(ids, lps, None) if spec.want_logprobs else None,
+                    tool_call_deltas=[{"index": i, **c} for i, c in enumerate(tool_calls_json(choice.tool_calls))]
+                    or None,
+                    finish_reason=choice.finish_reason,
+                    model_version=d.model_version,
+                    prompt_ids=prompt_ids,
+                    parse_error=choice.parse_error,
+                    adapter=d.adapter,
+                    adapter_version=d.adapter_version,
+                )
         finally:
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
                 await aclose()  # frees the request's batch slot when the client went away
 
-    def _delta_piece(self, spec: CallSpec, index: int, prompt_ids: list[int] | None, d: StreamDelta) -> StreamPiece:
-        reason = d.finish_reason
-        return StreamPiece(
-            index,
-            d.text,
-            token_ids=d.token_ids,
-            logprobs=d.logprobs,
-            logprob_entries=self._entries(d.token_ids, d.logprobs, None) if spec.want_logprobs else None,
-            finish_reason=("stop" if reason == "tool_calls" else reason),
-            model_version=d.model_version,
-            prompt_ids=prompt_ids,
-            adapter=d.adapter,
-            adapter_version=d.adapter_version,
-        )
 
-    def _buffered_piece(
-        self,
-        spec: CallSpec,
-        index: int,
-        prompt_ids: list[int],
-        ids: list[int],
-        lps: list[float],
-        text: str,
-        last: StreamDelta,
-    ) -> StreamPiece:
-        choice = self._finish(spec, index, text, last.finish_reason or "stop")
-        return StreamPiece(
-            index,
-            choice.content or "",
-            raw_text=text,
-            token_ids=ids,
-            logprobs=lps,
-            logprob_entries=self._entries(ids, lps, None) if spec.want_logprobs else None,
-            tool_call_deltas=_tool_call_deltas(choice.tool_calls) or None,
-            finish_reason=choice.finish_reason,
-            model_version=last.model_version,
-            prompt_ids=prompt_ids,
-            parse_error=choice.parse_error,
-            adapter=last.adapter,
-            adapter_version=last.adapter_version,
-        )
+def _too_long(spec: CallSpec, message: str) -> GatewayHTTPError:
+    return GatewayHTTPError(
+        400, message, param="messages" if spec.api == "chat" else "prompt", code="context_length_exceeded"
+    )
 
 
 def _seeded(params: SamplingParams, i: int) -> SamplingParams:
@@ -494,21 +440,16 @@ def _seeded(params: SamplingParams, i: int) -> SamplingParams:
     return replace(params, seed=params.seed + i)
 
 
-# --------------------------------------------------------------------------------------------
-# Upstream OpenAI-compatible server
-# --------------------------------------------------------------------------------------------
-
-
+# --- Upstream OpenAI-compatible server ---
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """When the gateway asks an upstream again instead of passing its failure on to the agent.
 
-    Only failures that mean no answer was given are retried: a refused or dropped connection and
-    the statuses in ``statuses`` (request timeout, conflict, rate limit, server errors); never a
-    timeout (a hung server would hold the call as long again). A stream is retried only before its
-    first piece went to the client: after that a retry would show the agent two answers. Retries
-    are capped per call (``tries``) and overall: each call earns ``budget`` of a retry, so a server
-    failing every call gets at most that fraction more load from retries, not a multiple of it.
+    Only failures that mean no answer was given are retried: a refused or dropped connection and the
+    ``statuses``; never a timeout (a hung server would hold the call as long again), nor a stream once
+    its first piece went to the client (the agent would see two answers). Retries are capped per call
+    (``tries``) and overall: each call earns ``budget`` of a retry, so a server failing every call
+    gets at most that fraction more load from retries, not a multiple of it.
     """
 
     tries: int = 3
@@ -683,13 +624,12 @@ class UpstreamBackend:
     async def run(self, spec: CallSpec) -> CallResult:
         """A non-streamed call, awaited (the gateway uses the callback form, ``start_call``)."""
         future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self.start_call(spec, partial(_resolve, future))
+        self.start_call(spec, partial(resolve, future))
         return await future
 
     def start_call(self, spec: CallSpec, on_done: OnResult) -> None:
-        """Start a non-streamed call; ``on_done(result, None)`` or ``on_done(None, error)`` is called
-        once when it ends, retries included. Over plain ``http://`` it is the lean client's
-        callback: no task, no future."""
+        """Start a non-streamed call; ``on_done`` is called once when it ends, retries included (over
+        plain ``http://`` from the lean client's callback: no task, no future)."""
         path, content = self._body(spec, stream=False)
         self.retries.earn()
         self._send(_Try(spec, path, content, on_done))
@@ -748,16 +688,15 @@ class UpstreamBackend:
         index = int(c.get("index", 0))
         reason = str(c.get("finish_reason") or "stop")
         token_ids = c.get("token_ids")
+        entries = _logprob_entries(spec, c.get("logprobs"))
         if spec.api == "chat":
             msg: dict[str, Any] = c.get("message") or {}
             content = msg.get("content")
             calls = [_parsed_call(tc) for tc in msg.get("tool_calls") or ()]
-            entries = _chat_entries(c.get("logprobs"))
             text = content or ""
         else:
             content = text = str(c.get("text") or "")
             calls = []
-            entries = _completion_entries(c.get("logprobs"))
         logprobs = [float(e["logprob"]) for e in entries] if entries is not None else None
         return ChoiceResult(
             index,
@@ -815,15 +754,14 @@ class UpstreamBackend:
 
     def _piece(self, spec: CallSpec, c: dict[str, Any], prompt_ids: list[int] | None) -> StreamPiece:
         token_ids = c.get("token_ids")
+        entries = _logprob_entries(spec, c.get("logprobs"))
         if spec.api == "chat":
             delta: dict[str, Any] = c.get("delta") or {}
             text = delta.get("content") or ""
             tool_deltas = delta.get("tool_calls") or None
-            entries = _chat_entries(c.get("logprobs"))
         else:
             text = c.get("text") or ""
             tool_deltas = None
-            entries = _completion_entries(c.get("logprobs"))
         return StreamPiece(
             int(c.get("index", 0)),
             text,
@@ -849,6 +787,13 @@ def call_in_task(call: Coroutine[Any, Any, CallResult], on_done: OnResult) -> No
     task.add_done_callback(partial(_task_done, on_done))
 
 
+def call_starter(backend: GatewayBackend) -> Callable[[CallSpec, OnResult], None]:
+    """How to start a non-streamed call of ``backend``: its ``start_call`` (no task per call) when it
+    has one, else its ``run`` in a task."""
+    start: Callable[[CallSpec, OnResult], None] | None = getattr(backend, "start_call", None)
+    return start or (lambda spec, on_done: call_in_task(backend.run(spec), on_done))
+
+
 def _task_done(on_done: OnResult, task: asyncio.Task[CallResult]) -> None:
     _running.discard(task)
     if task.cancelled():
@@ -859,32 +804,18 @@ def _task_done(on_done: OnResult, task: asyncio.Task[CallResult]) -> None:
         on_done(task.result(), None)
 
 
-def _resolve(future: asyncio.Future[CallResult], result: CallResult | None, exc: BaseException | None) -> None:
-    if future.done():
-        return  # the caller gave up
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        assert result is not None
-        future.set_result(result)
-
-
 def _parsed_call(tc: dict[str, Any]) -> ParsedToolCall:
     fn: dict[str, Any] = tc.get("function") or {}
     return ParsedToolCall(str(tc.get("id") or ""), str(fn.get("name") or ""), str(fn.get("arguments") or ""))
 
 
-def _chat_entries(logprobs: Any) -> list[dict[str, Any]] | None:
+def _logprob_entries(spec: CallSpec, logprobs: Any) -> list[dict[str, Any]] | None:
+    """An upstream choice's logprobs as chat-style entries (legacy completions send parallel lists)."""
     if not isinstance(logprobs, dict):
         return None
-    content = logprobs.get("content")
-    return content if isinstance(content, list) else None
-
-
-def _completion_entries(logprobs: Any) -> list[dict[str, Any]] | None:
-    """Legacy completions logprobs (parallel lists) as chat-style entries."""
-    if not isinstance(logprobs, dict):
-        return None
+    if spec.api == "chat":
+        content = logprobs.get("content")
+        return content if isinstance(content, list) else None
     tokens: list[str] = logprobs.get("tokens") or []
     values: list[float | None] = logprobs.get("token_logprobs") or []
     tops: list[dict[str, float] | None] = logprobs.get("top_logprobs") or []

@@ -8,9 +8,6 @@ for 'messages[0].content': expected …``), ``param`` set to the offending path
 OpenAI's are: ``"5"`` and ``true`` are not integers. A request that passes is one the chat
 template and the engine can take: no client input reaches them malformed, so none can end in a 500.
 
-(There used to be a second pass, pydantic request models, after this one; where the two disagreed
-pydantic's wording leaked out with ``code: null``. One pass cannot disagree with itself.)
-
 Unknown fields are still ignored (frameworks send many we do not use); only the shape of the
 fields the gateway reads is enforced.
 """
@@ -24,15 +21,7 @@ from typing import Any
 
 from lightning_rl.gateway.protocol import GatewayHTTPError
 
-__all__ = [
-    "check_chat_request",
-    "check_completion_request",
-    "check_responses_request",
-    "invalid_type",
-    "invalid_value",
-    "missing_parameter",
-    "ROLES",
-]
+__all__ = ["check_chat_request", "check_completion_request", "check_responses_request", "ROLES"]
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 """The chat roles the OpenAI API accepts."""
@@ -55,19 +44,11 @@ _KINDS: tuple[tuple[type, str], ...] = (
 )
 
 
-def _kind(value: Any) -> str:
-    """The JSON type of ``value`` as OpenAI's messages name it ("a string", "an integer" …)."""
-    return next((name for t, name in _KINDS if isinstance(value, t)), type(value).__name__)
-
-
 def invalid_type(param: str, expected: str, value: Any) -> GatewayHTTPError:
-    """OpenAI's answer to a field of the wrong JSON type."""
-    return GatewayHTTPError(
-        400,
-        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
-        param=param,
-        code="invalid_type",
-    )
+    """OpenAI's answer to a field of the wrong JSON type (named as OpenAI names it: "an integer")."""
+    kind = next((name for t, name in _KINDS if isinstance(value, t)), type(value).__name__)
+    msg = f"Invalid type for '{param}': expected {expected}, but got {kind} instead."
+    return GatewayHTTPError(400, msg, param=param, code="invalid_type")
 
 
 def invalid_value(param: str, message: str) -> GatewayHTTPError:
@@ -108,16 +89,14 @@ def _objects(items: list[Any], param: str) -> Iterator[tuple[str, dict[str, Any]
         yield f"{param}[{i}]", item  # pyright: ignore[reportUnknownArgumentType]
 
 
-# --- fields shared by the APIs -----------------------------------------------------------------
-
-
-def _check_int(body: dict[str, Any], key: str, low: int, high: int | None = None) -> None:
+# --- fields shared by the APIs ---
+def _check_int(body: dict[str, Any], key: str, low: int | None = None, high: int | None = None) -> None:
     value = body.get(key)
     if value is None:
         return
     if not _is_int(value):
         raise invalid_type(key, "an integer", value)
-    if value < low or (high is not None and value > high):
+    if low is not None and (value < low or (high is not None and value > high)):
         bound = f"at least {low}" if high is None else f"between {low} and {high}"
         raise invalid_value(key, f"{value} is out of range; it must be {bound}.")
 
@@ -192,21 +171,15 @@ def _check_sampling(body: dict[str, Any], *, max_tokens_keys: tuple[str, ...]) -
     _check_number(body, "top_p", 0.0, 1.0)
     _check_number(body, "presence_penalty", -2.0, 2.0)
     _check_number(body, "frequency_penalty", -2.0, 2.0)
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise invalid_type("seed", "an integer", seed)
+    _check_int(body, "seed")
     _check_bool(body, "stream")
     _check_object(body, "stream_options")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise invalid_type("model", "a string", model)
+    _string(body, "model", "model")
     _check_stop(body)
     _check_logit_bias(body)
 
 
-# --- chat completions --------------------------------------------------------------------------
-
-
+# --- chat completions ---
 def _check_content(message: dict[str, Any], param: str, role: str) -> None:
     content = message.get("content")
     if content is None:
@@ -354,9 +327,7 @@ def check_chat_request(body: dict[str, Any]) -> None:
     _check_ranges(body)
 
 
-# --- completions -------------------------------------------------------------------------------
-
-
+# --- completions ---
 def _check_token_ids(ids: list[Any], param: str) -> None:
     if not ids:
         raise invalid_value(param, "a token-id prompt is empty; send at least one token id.")
@@ -407,18 +378,14 @@ def check_completion_request(body: dict[str, Any]) -> None:
     if body.get("prompt") is None:
         raise missing_parameter("prompt")
     _check_sampling(body, max_tokens_keys=("max_tokens",))
-    logprobs = body.get("logprobs")
-    if logprobs is not None and not _is_int(logprobs):
-        raise invalid_type("logprobs", "an integer", logprobs)
+    _check_int(body, "logprobs")  # its range once the prompt is checked
     _check_bool(body, "echo")
     _check_ranges(body)
     _check_prompt(body)
     _check_int(body, "logprobs", 0, 20)
 
 
-# --- responses ---------------------------------------------------------------------------------
-
-
+# --- responses ---
 def _check_input(body: dict[str, Any]) -> None:
     items = _text_or_array(body, "input", "one of a string or array of input items")
     for param, item in _objects(items or [], "input"):

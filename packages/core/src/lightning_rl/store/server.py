@@ -25,6 +25,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from functools import partial
 from typing import Any
 
 import uvicorn
@@ -35,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lightning_rl._serving import http_protocol, send_json, wait_until_serving
+from lightning_rl._serving import http_protocol, read_body, send_json, wait_until_serving
 from lightning_rl.credentials import bearer_matches
 from lightning_rl.errors import InvalidRequestError, LightningError, http_status
 from lightning_rl.store import otlp
@@ -120,39 +121,12 @@ def _too_large(limit: int, field: str) -> _TooLarge:
     return _TooLarge(f"request body is over the {limit}-byte limit; send `{field}` in smaller batches.")
 
 
-async def _read_asgi_body(scope: Scope, receive: Receive, limit: int, field: str) -> bytes:
-    """The whole request body, or ``_TooLarge`` as soon as it passes ``limit`` bytes."""
-    for key, value in scope["headers"]:
-        if key == b"content-length" and value.isdigit() and int(value) > limit:
-            raise _too_large(limit, field)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ConnectionResetError("client disconnected while sending the body")
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit, field)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def read_body(request: Request, limit: int, field: str) -> bytes:
-    """Like ``_read_asgi_body`` for a Starlette request."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit, field)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit, field)
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def _read_body(scope: Scope, receive: Receive, limit: int, field: str) -> bytes:
+    """The whole request body; ``_TooLarge`` past ``limit`` bytes (by ``Content-Length`` before reading)."""
+    raw = await read_body(receive, limit, partial(_too_large, limit, field), scope["headers"])
+    if raw is None:
+        raise ConnectionResetError("client disconnected while sending the body")
+    return raw
 
 
 class _BearerAuth:
@@ -260,7 +234,7 @@ class _StoreRoutes:
         try:
             body: Any = None
             if route.body_model is not None:
-                raw = await _read_asgi_body(scope, receive, self.max_body_bytes, route.field)
+                raw = await _read_body(scope, receive, self.max_body_bytes, route.field)
                 body = route.body_model.model_validate_json(raw)
             if route.on_stop is None:
                 result = await route.fn(self.store, body, params)
@@ -466,7 +440,7 @@ def create_store_app(
 
     async def otlp_traces(request: Request) -> Response:
         try:
-            raw = await read_body(request, max_body_bytes, "resourceSpans")
+            raw = await _read_body(request.scope, request.receive, max_body_bytes, "resourceSpans")
             content, media_type = await otlp.ingest(
                 store,
                 raw,
