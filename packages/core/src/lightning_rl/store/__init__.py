@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from lightning_rl.store.base import LightningStore
@@ -30,24 +31,14 @@ __all__ = [
 ]
 
 
+_LAZY = {"SQLiteStore": "sqlite", "PostgresStore": "postgres", "RedisStore": "redis", "StoreClient": "client"}
+"""Where the backends that import a driver live: loaded on first use."""
+
+
 def __getattr__(name: str) -> object:
-    if name == "SQLiteStore":
-        from lightning_rl.store.sqlite import SQLiteStore
-
-        return SQLiteStore
-    if name == "PostgresStore":
-        from lightning_rl.store.postgres import PostgresStore
-
-        return PostgresStore
-    if name == "RedisStore":
-        from lightning_rl.store.redis import RedisStore
-
-        return RedisStore
-    if name == "StoreClient":
-        from lightning_rl.store.client import StoreClient
-
-        return StoreClient
-    raise AttributeError(name)
+    if name not in _LAZY:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(f"lightning_rl.store.{_LAZY[name]}"), name)
 
 
 async def open_store(url: str, *, token: str | None = None) -> LightningStore:

@@ -20,20 +20,23 @@ Failures are handled the way the store's guarantees allow:
 * ``add_resources`` is retried only when the request provably never reached the server (connect
   errors), since a second publish would create a second version.
 
-The request and response bodies below (``*Body`` / ``*List``) are the wire format; the server
-imports them, so both sides cannot disagree.
+The wire format is written once, here: the request and response bodies (``*Body`` / ``*List``) and
+one ``Route`` per protocol method, which is at once the client's method (``StoreClient.enqueue`` is
+the enqueue route) and what the server serves (``ROUTES``), so the two sides cannot disagree.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import ssl
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from types import CoroutineType
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,7 +48,7 @@ from lightning_rl.errors import (
     StoreUnavailableError,
     error_from_status,
 )
-from lightning_rl.store.base import attempt_timeout, check_reward
+from lightning_rl.store.base import LightningStore, attempt_timeout, check_reward
 from lightning_rl.types import (
     Attempt,
     AttemptStatus,
@@ -67,6 +70,8 @@ __all__ = [
     "StoreClient",
     "TransportError",
     # wire format
+    "Route",
+    "ROUTES",
     "EnqueueBody",
     "ClaimBody",
     "FinishBody",
@@ -86,6 +91,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,24 +164,117 @@ class PruneBody(_Body):
     older_than: float
 
 
-class RolloutList(_Body):
+class _Wrapped(_Body):
+    """A result sent wrapped in its one field (``{"rollouts": [...]}``)."""
+
+
+class RolloutList(_Wrapped):
     rollouts: list[Rollout]
 
 
-class ClaimList(_Body):
+class ClaimList(_Wrapped):
     claims: list[Claim]
 
 
-class AttemptList(_Body):
+class AttemptList(_Wrapped):
     attempts: list[Attempt]
 
 
-class SpanList(_Body):
+class SpanList(_Wrapped):
     spans: list[Span]
 
 
-class Count(_Body):
+class Count(_Wrapped):
     count: int
+
+
+def _q(segment: str) -> str:
+    return quote(segment, safe="")
+
+
+def _version_segment(version: int | None) -> str:
+    return "latest" if version is None else str(int(version))
+
+
+def _parse_version(raw: str) -> int | None:
+    if raw != "latest" and not raw.isdigit():
+        raise InvalidRequestError(f"resources version must be a positive integer or 'latest', got {raw!r}.")
+    return None if raw == "latest" else int(raw)
+
+
+ROUTES: list[Route[Any, Any]] = []
+"""Every protocol method's route, in ``StoreClient``'s order: the server serves these."""
+
+
+class Route(Generic[P, R]):
+    """A protocol method on the wire: ``method path``, its first argument in the path's ``{id}`` if
+    it has one (``segment`` writes and reads it) and the others in ``body``, field by field in
+    signature order; the answer is ``result`` (a ``_Wrapped`` one unwrapped). ``field`` is what a
+    body over the size limit should send in smaller batches.
+
+    Client side, ``check`` refuses what JSON cannot carry (NaN, infinities) before sending,
+    ``safe_retry=False`` retries only what provably never left, and ``recover`` answers a 409 that
+    came after a retry (see ``StoreClient._invoke``). A ``long_poll`` waits up to its ``timeout_s``
+    argument: the client's timeout grows by as much, and a stopping server answers it at once.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+        method: str,
+        path: str,
+        body: type[_Body] | None,
+        result: type[BaseModel],
+        field: str = "body",
+        *,
+        check: Callable[[dict[str, Any]], object] | None = None,
+        recover: Callable[[StoreClient, dict[str, Any], LightningError], Awaitable[R]] | None = None,
+        safe_retry: bool = True,
+        long_poll: bool = False,
+        segment: tuple[Callable[[Any], str], Callable[[str], Any]] = (_q, str),
+    ) -> None:
+        self.name, self.signature = fn.__name__, inspect.signature(fn)
+        self.method, self.path, self.body, self.result, self.field = method, path, body, result, field
+        self.check, self.recover, self.safe_retry, self.long_poll = check, recover, safe_retry, long_poll
+        self.head, _, self.tail = path.partition("{id}")
+        self.write_segment, self.read_segment = segment
+        names = list(self.signature.parameters)[1:]
+        self.id_param = names.pop(0) if "{id}" in path else None
+        self.fields = list(zip(body.model_fields if body is not None else (), names, strict=True))
+        self.wrap = next(iter(result.model_fields)) if issubclass(result, _Wrapped) else None
+
+        async def call(client: StoreClient, *args: P.args, **kwargs: P.kwargs) -> R:
+            return await client._invoke(self, args, kwargs)  # pyright: ignore[reportPrivateUsage]
+
+        call.__name__, call.__qualname__, call.__doc__ = self.name, f"StoreClient.{self.name}", fn.__doc__
+        self.call: Callable[Concatenate[StoreClient, P], CoroutineType[Any, Any, R]] = call
+        """The ``StoreClient`` method that sends it."""
+        ROUTES.append(self)
+
+    def request(self, a: dict[str, Any]) -> tuple[str, bytes | None]:
+        """Client side: the path and body of a call with (bound) arguments ``a``."""
+        path = self.path if self.id_param is None else self.head + self.write_segment(a[self.id_param]) + self.tail
+        if self.body is None:
+            return path, None
+        data: dict[str, Any] = {f: a[p] for f, p in self.fields}
+        data = {f: list(v) if isinstance(v, Sequence) and not isinstance(v, str) else v for f, v in data.items()}
+        # warnings=False: a wrongly typed argument is sent as is and the server answers 400 naming it.
+        return path, self.body.model_construct(**data).model_dump_json(warnings=False).encode()
+
+    def parse(self, raw: bytes) -> R:
+        """Client side: the method's result, from the answer's body."""
+        result: Any = self.result.model_validate_json(raw)
+        return getattr(result, self.wrap) if self.wrap is not None else result
+
+    async def answer(self, store: LightningStore, body: BaseModel | None, params: dict[str, str]) -> bytes:
+        """Server side: the method's answer on ``store`` to a request's body and path parameters."""
+        args = [] if self.id_param is None else [self.read_segment(params["id"])]
+        result = await getattr(store, self.name)(*args, **{p: getattr(body, f) for f, p in self.fields})
+        if self.wrap is None:
+            return result.model_dump_json().encode()
+        if self.result is Count:
+            return b'{"count":%d}' % result  # a span batch's answer, without pydantic
+        return self.result.model_construct(**{self.wrap: result}).model_dump_json().encode()
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,10 +282,6 @@ class Count(_Body):
 # --------------------------------------------------------------------------------------------
 
 _RETRY_STATUS_MIN = 500
-
-
-class _Retried(Exception):
-    """Internal marker: the request failed after at least one earlier try that may have landed."""
 
 
 class TransportError(ConnectionError):
@@ -422,127 +518,64 @@ class StoreClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # --- rollouts ---------------------------------------------------------------------------
-    async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        body = EnqueueBody.model_construct(requests=list(requests))
-        return RolloutList.model_validate_json(await self._call("POST", "/rollouts/enqueue", body)).rollouts
+    async def _finished(self, a: dict[str, Any], error: LightningError) -> Rollout:
+        # A retried finish got a 409: an earlier try may have landed and its response got lost. If the
+        # attempt already has the status we asked for, that try succeeded and this is its answer.
+        attempt = await self.get_attempt(a["attempt_id"])
+        if attempt.status == a["status"] and attempt.reward == a["reward"]:
+            return await self.get_rollout(attempt.rollout_id)
+        raise error from None
 
-    async def claim(self, worker_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Claim]:
-        """Claim up to ``n`` rollouts. Retried like every call; if a response is lost, the attempts
-        it opened are orphaned and the store times them out through their heartbeat deadline (the
-        rollout's ``heartbeat_timeout_s`` or the store's default), then requeues them."""
-        attempt_timeout(RolloutConfig(), timeout_s)  # JSON has no NaN/inf: check here, not on the server
-        body = ClaimBody.model_construct(worker_id=worker_id, n=n, timeout_s=timeout_s)
-        return ClaimList.model_validate_json(await self._call("POST", "/rollouts/claim", body)).claims
-
-    async def heartbeat(self, attempt_id: str) -> Attempt:
-        return Attempt.model_validate_json(await self._call("POST", f"/attempts/{_q(attempt_id)}/heartbeat", None))
-
-    async def finish_attempt(
-        self,
-        attempt_id: str,
-        status: AttemptStatus,
-        *,
-        error: str | None = None,
-        reward: float | None = None,
-    ) -> Rollout:
-        check_reward(reward)  # JSON has no NaN/inf: sent, it would arrive as null
-        body = FinishBody.model_construct(status=status, error=error, reward=reward)
-        path = f"/attempts/{_q(attempt_id)}/finish"
-        try:
-            return Rollout.model_validate_json(await self._call("POST", path, body, detect_retry=True))
-        except _Retried as retried:
-            # An earlier try may have landed and its response got lost: if the attempt already has
-            # the status we asked for, that try succeeded and this is the answer it would have had.
-            attempt = await self.get_attempt(attempt_id)
-            if attempt.status == status and attempt.reward == reward:
-                return await self.get_rollout(attempt.rollout_id)
-            raise retried.__cause__ or IllegalTransitionError(str(retried)) from None
-
-    async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        body = IdsBody.model_construct(ids=list(rollout_ids))
-        return RolloutList.model_validate_json(await self._call("POST", "/rollouts/cancel", body)).rollouts
-
-    async def get_rollout(self, rollout_id: str) -> Rollout:
-        return Rollout.model_validate_json(await self._call("GET", f"/rollouts/{_q(rollout_id)}", None))
-
-    async def query_rollouts(
-        self,
-        *,
-        ids: Sequence[str] | None = None,
-        status: Sequence[RolloutStatus] | None = None,
-        group_id: str | None = None,
-        mode: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> list[Rollout]:
-        body = QueryRolloutsBody.model_construct(
-            ids=list(ids) if ids is not None else None,
-            status=list(status) if status is not None else None,
-            group_id=group_id,
-            mode=mode,
-            limit=limit,
-            offset=offset,
-        )
-        return RolloutList.model_validate_json(await self._call("POST", "/rollouts/query", body)).rollouts
-
-    async def wait_for_rollouts(self, ids: Sequence[str], timeout_s: float) -> list[Rollout]:
-        body = WaitBody.model_construct(ids=list(ids), timeout_s=max(float(timeout_s), 0.0))
-        raw = await self._call("POST", "/rollouts/wait", body, timeout_s=self._timeout_s + max(timeout_s, 0.0))
-        return RolloutList.model_validate_json(raw).rollouts
-
-    # --- attempts ---------------------------------------------------------------------------
-    async def get_attempt(self, attempt_id: str) -> Attempt:
-        return Attempt.model_validate_json(await self._call("GET", f"/attempts/{_q(attempt_id)}", None))
-
-    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
-        raw = await self._call("GET", f"/rollouts/{_q(rollout_id)}/attempts", None)
-        return AttemptList.model_validate_json(raw).attempts
-
-    # --- spans ------------------------------------------------------------------------------
-    async def add_spans(self, spans: Sequence[Span]) -> int:
-        body = SpansBody.model_construct(spans=list(spans))
-        return Count.model_validate_json(await self._call("POST", "/spans", body)).count
-
-    async def query_spans(
-        self,
-        *,
-        rollout_id: str | None = None,
-        attempt_id: str | None = None,
-        name: str | None = None,
-        limit: int = 10_000,
-        offset: int = 0,
-    ) -> list[Span]:
-        body = QuerySpansBody.model_construct(
-            rollout_id=rollout_id, attempt_id=attempt_id, name=name, limit=limit, offset=offset
-        )
-        return SpanList.model_validate_json(await self._call("POST", "/spans/query", body)).spans
-
-    # --- resources --------------------------------------------------------------------------
-    async def add_resources(
-        self,
-        *,
-        llm: LLMResource | None = None,
-        prompts: dict[str, str] | None = None,
-        extra: dict[str, object] | None = None,
-    ) -> Resources:
-        body = ResourcesBody.model_construct(llm=llm, prompts=prompts, extra=extra)
-        return Resources.model_validate_json(await self._call("POST", "/resources", body, safe_retry=False))
-
-    async def get_resources(self, version: int | None = None) -> Resources:
-        path = "/resources/latest" if version is None else f"/resources/{int(version)}"
-        return Resources.model_validate_json(await self._call("GET", path, None))
-
-    # --- housekeeping -----------------------------------------------------------------------
-    async def expire(self, now: float | None = None) -> int:
-        return Count.model_validate_json(await self._call("POST", "/expire", ExpireBody.model_construct(now=now))).count
-
-    async def prune(self, older_than: float) -> int:
-        body = PruneBody.model_construct(older_than=older_than)
-        return Count.model_validate_json(await self._call("POST", "/prune", body)).count
-
-    async def stats(self) -> StoreStats:
-        return StoreStats.model_validate_json(await self._call("GET", "/stats", None))
+    # --- the protocol: one route per method (``ROUTES``, which the server serves) ---------------
+    # ``check``: JSON has no NaN/inf, so what the server would refuse must be refused here.
+    enqueue = Route(LightningStore.enqueue, "POST", "/rollouts/enqueue", EnqueueBody, RolloutList, "requests").call
+    claim = Route(
+        LightningStore.claim,
+        "POST",
+        "/rollouts/claim",
+        ClaimBody,
+        ClaimList,
+        check=lambda a: attempt_timeout(RolloutConfig(), a["timeout_s"]),
+    ).call
+    """Claim up to ``n`` rollouts. Retried like every call; if a response is lost, the attempts it
+    opened are orphaned and the store times them out through their heartbeat deadline (the rollout's
+    ``heartbeat_timeout_s`` or the store's default), then requeues them."""
+    heartbeat = Route(LightningStore.heartbeat, "POST", "/attempts/{id}/heartbeat", None, Attempt).call
+    finish_attempt = Route(
+        LightningStore.finish_attempt,
+        "POST",
+        "/attempts/{id}/finish",
+        FinishBody,
+        Rollout,
+        check=lambda a: check_reward(a["reward"]),
+        recover=_finished,
+    ).call
+    cancel = Route(LightningStore.cancel, "POST", "/rollouts/cancel", IdsBody, RolloutList, "ids").call
+    get_rollout = Route(LightningStore.get_rollout, "GET", "/rollouts/{id}", None, Rollout).call
+    query_rollouts = Route(
+        LightningStore.query_rollouts, "POST", "/rollouts/query", QueryRolloutsBody, RolloutList, "ids"
+    ).call
+    wait_for_rollouts = Route(
+        LightningStore.wait_for_rollouts, "POST", "/rollouts/wait", WaitBody, RolloutList, "ids", long_poll=True
+    ).call
+    get_attempt = Route(LightningStore.get_attempt, "GET", "/attempts/{id}", None, Attempt).call
+    query_attempts = Route(LightningStore.query_attempts, "GET", "/rollouts/{id}/attempts", None, AttemptList).call
+    add_spans = Route(LightningStore.add_spans, "POST", "/spans", SpansBody, Count, "spans").call
+    query_spans = Route(LightningStore.query_spans, "POST", "/spans/query", QuerySpansBody, SpanList).call
+    add_resources = Route(
+        LightningStore.add_resources, "POST", "/resources", ResourcesBody, Resources, "extra", safe_retry=False
+    ).call
+    get_resources = Route(
+        LightningStore.get_resources,
+        "GET",
+        "/resources/{id}",
+        None,
+        Resources,
+        segment=(_version_segment, _parse_version),
+    ).call
+    expire = Route(LightningStore.expire, "POST", "/expire", ExpireBody, Count).call
+    prune = Route(LightningStore.prune, "POST", "/prune", PruneBody, Count).call
+    stats = Route(LightningStore.stats, "GET", "/stats", None, StoreStats).call
 
     async def health(self) -> bool:
         """Whether the server answers ``/health`` (one try, no retries)."""
@@ -557,26 +590,20 @@ class StoreClient:
         await self._transport.aclose()
 
     # --- transport --------------------------------------------------------------------------
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        body: BaseModel | None,
-        *,
-        timeout_s: float | None = None,
-        safe_retry: bool = True,
-        detect_retry: bool = False,
-    ) -> bytes:
-        """Send one request, retrying transient failures; return the 2xx body or raise.
-
-        ``safe_retry=False`` retries only failures where the request never left (connect errors).
-        ``detect_retry=True`` raises ``_Retried`` (chained to the real error) for a 4xx that came
-        after an earlier try that may have been applied, so the caller can check what happened.
-        """
-        # warnings=False: a wrongly typed argument is sent as is and the server answers 400 naming it.
-        content = body.model_dump_json(warnings=False).encode() if body is not None else None
-        timeout = timeout_s if timeout_s is not None else self._timeout_s
-        maybe_applied = False
+    async def _invoke(self, route: Route[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        """Call ``route`` with these arguments: one request, transient failures retried; the result or
+        the error the server answered with (see ``Route`` for what its options change)."""
+        bound = route.signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        if route.check is not None:
+            route.check(a)
+        timeout = self._timeout_s
+        if route.long_poll:
+            a["timeout_s"] = max(float(a["timeout_s"]), 0.0)
+            timeout += a["timeout_s"]
+        method, (path, content) = route.method, route.request(a)
+        maybe_applied = False  # an earlier try may have been applied
         delay = self._backoff_s
         started = time.monotonic()
         attempt = 0
@@ -586,7 +613,7 @@ class StoreClient:
             try:
                 status, raw = await self._transport.request(method, path, content, self._headers, timeout)
             except TransportError as exc:
-                if last or not (safe_retry or not exc.sent):
+                if last or not (route.safe_retry or not exc.sent):
                     raise StoreUnavailableError(
                         f"store server at {self.url} unreachable ({exc}) after {attempt + 1} tries; "
                         "check that `lightning-rl store serve` is running."
@@ -594,21 +621,17 @@ class StoreClient:
                 maybe_applied = maybe_applied or exc.sent
             else:
                 if status < 300:
-                    return raw
+                    return route.parse(raw)
                 error = _error_of(status, raw)
-                if status < _RETRY_STATUS_MIN or last or not safe_retry:
-                    if detect_retry and maybe_applied and isinstance(error, IllegalTransitionError):
-                        raise _Retried(str(error)) from error
+                if status < _RETRY_STATUS_MIN or last or not route.safe_retry:
+                    if route.recover is not None and maybe_applied and isinstance(error, IllegalTransitionError):
+                        return await route.recover(self, a, error)
                     raise error
                 maybe_applied = True
             logger.debug("store request %s %s failed (try %d); retrying in %.2f s", method, path, attempt + 1, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
             attempt += 1
-
-
-def _q(segment: str) -> str:
-    return quote(segment, safe="")
 
 
 def _error_of(status: int, raw: bytes) -> LightningError:

@@ -1,8 +1,8 @@
 """Serve any ``LightningStore`` over HTTP, so runners on many machines share one store.
 
-The routes mirror the store protocol one to one (``StoreClient`` is the matching client) and also
-accept standard OTLP/HTTP at ``POST /v1/traces`` (see ``otlp``). A few rules keep the server honest
-under bad input and fast under load:
+The routes are the store protocol's, one per method (``client.ROUTES``, the table ``StoreClient``'s
+methods are made from), and standard OTLP/HTTP at ``POST /v1/traces`` (see ``otlp``). A few rules
+keep the server honest under bad input and fast under load:
 
 * Every client mistake is a 4xx with ``{"error": {"type", "message"}}``: bodies that do not parse
   or validate are 400 naming the field (never FastAPI's 422), bodies over ``max_body_bytes`` are
@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Callable, Generator
 from functools import partial
 from typing import Any
 
@@ -38,27 +38,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightning_rl._serving import http_protocol, read_body, send_json, wait_until_serving
 from lightning_rl.credentials import bearer_matches
-from lightning_rl.errors import InvalidRequestError, LightningError, http_status
+from lightning_rl.errors import LightningError, http_status
 from lightning_rl.store import otlp
 from lightning_rl.store.base import LightningStore
-from lightning_rl.store.client import (
-    AttemptList,
-    ClaimBody,
-    ClaimList,
-    Count,
-    EnqueueBody,
-    ExpireBody,
-    FinishBody,
-    IdsBody,
-    PruneBody,
-    QueryRolloutsBody,
-    QuerySpansBody,
-    ResourcesBody,
-    RolloutList,
-    SpanList,
-    SpansBody,
-    WaitBody,
-)
+from lightning_rl.store.client import ROUTES, Route
 
 __all__ = [
     "create_store_app",
@@ -78,7 +61,6 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 _JSON = "application/json"
 
 _Params = dict[str, str]
-_Handler = Callable[[LightningStore, Any, _Params], Awaitable[BaseModel | bytes]]
 
 
 class _TooLarge(Exception):
@@ -156,28 +138,18 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
-class _Route:
-    """One protocol method: how to parse its body and which store call answers it.
+class _Health:
+    """``GET /health``, served beside the protocol's routes (not a store method)."""
 
-    ``on_stop`` answers a long poll that is still waiting when the server stops: the request ends
-    with a normal answer (what is true right now) instead of being cut off by the shutdown.
-    """
+    method, path, name, body, field, long_poll = "GET", "/health", "health", None, "body", False
 
-    __slots__ = ("method", "body_model", "field", "fn", "on_stop")
+    async def answer(self, _store: LightningStore, _body: BaseModel | None, _params: _Params) -> bytes:
+        return b'{"status":"ok"}'
 
-    def __init__(
-        self,
-        method: str,
-        body_model: type[BaseModel] | None,
-        field: str,
-        fn: _Handler,
-        on_stop: _Handler | None = None,
-    ) -> None:
-        self.method = method
-        self.body_model = body_model
-        self.field = field
-        self.fn = fn
-        self.on_stop = on_stop
+
+_Served = Route[Any, Any] | _Health
+_SERVED: tuple[_Served, ...] = (*ROUTES, _Health())
+"""Every route of the server (``{id}`` is a rollout id, attempt id or resources version)."""
 
 
 class _StoreRoutes:
@@ -195,14 +167,14 @@ class _StoreRoutes:
         self.store = store
         self.max_body_bytes = max_body_bytes
         self.stopping = stopping or asyncio.Event()
-        self.static: dict[str, list[_Route]] = {}
-        self.by_id: dict[tuple[str, str], list[_Route]] = {}  # ("attempts", "finish") -> routes
-        for path, route in _ROUTES:
-            parts = path.split("/")[1:]
+        self.static: dict[str, list[_Served]] = {}
+        self.by_id: dict[tuple[str, str], list[_Served]] = {}  # ("attempts", "finish") -> routes
+        for route in _SERVED:
+            parts = route.path.split("/")[1:]
             if len(parts) >= 2 and parts[1].startswith("{"):
                 self.by_id.setdefault((parts[0], parts[2] if len(parts) > 2 else ""), []).append(route)
             else:
-                self.static.setdefault(path, []).append(route)
+                self.static.setdefault(route.path, []).append(route)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -230,16 +202,16 @@ class _StoreRoutes:
         allowed = ", ".join(r.method for r in routes)
         await send_json(send, 405, error_body("InvalidRequestError", f"{method} {path}: use {allowed}."))
 
-    async def _run(self, route: _Route, params: _Params, scope: Scope, receive: Receive) -> tuple[int, bytes]:
+    async def _run(self, route: _Served, params: _Params, scope: Scope, receive: Receive) -> tuple[int, bytes]:
         try:
-            body: Any = None
-            if route.body_model is not None:
+            body: BaseModel | None = None
+            if route.body is not None:
                 raw = await _read_body(scope, receive, self.max_body_bytes, route.field)
-                body = route.body_model.model_validate_json(raw)
-            if route.on_stop is None:
-                result = await route.fn(self.store, body, params)
-            else:
+                body = route.body.model_validate_json(raw)
+            if route.long_poll:
                 result = await self._long_poll(route, body, params)
+            else:
+                result = await route.answer(self.store, body, params)
         except ValidationError as exc:
             return 400, error_body("InvalidRequestError", _describe(exc))
         except _TooLarge as exc:
@@ -251,14 +223,17 @@ class _StoreRoutes:
         except Exception:
             logger.exception("store server: %s %s failed", scope["method"], scope["path"])
             return 500, error_body("InternalError", f"{scope['method']} {scope['path']} failed; see the server log.")
-        return 200, result if isinstance(result, bytes) else result.model_dump_json().encode()
+        return 200, result
 
-    async def _long_poll(self, route: _Route, body: Any, params: _Params) -> BaseModel | bytes:
-        """``route.fn``, or ``route.on_stop``'s answer if the server starts stopping meanwhile."""
-        assert route.on_stop is not None
+    async def _long_poll(self, route: _Served, body: BaseModel | None, params: _Params) -> bytes:
+        """The route's answer; but if the server starts stopping meanwhile, the answer of the same
+        request with ``timeout_s=0`` (what is true right now) rather than a request cut off by the
+        shutdown."""
+        assert body is not None
+        now = body.model_copy(update={"timeout_s": 0.0})
         if self.stopping.is_set():
-            return await route.on_stop(self.store, body, params)
-        call = asyncio.ensure_future(route.fn(self.store, body, params))
+            return await route.answer(self.store, now, params)
+        call = asyncio.ensure_future(route.answer(self.store, body, params))
         stop = asyncio.ensure_future(self.stopping.wait())
         try:
             await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -270,134 +245,16 @@ class _StoreRoutes:
                     await call
         if call.done() and not call.cancelled():
             return call.result()
-        return await route.on_stop(self.store, body, params)
-
-
-# --- the routes: one per protocol method ------------------------------------------------------
-
-
-async def _enqueue(s: LightningStore, b: EnqueueBody, _: _Params) -> BaseModel:
-    return RolloutList.model_construct(rollouts=await s.enqueue(b.requests))
-
-
-async def _claim(s: LightningStore, b: ClaimBody, _: _Params) -> BaseModel:
-    return ClaimList.model_construct(claims=await s.claim(b.worker_id, b.n, timeout_s=b.timeout_s))
-
-
-async def _heartbeat(s: LightningStore, _b: None, p: _Params) -> BaseModel:
-    return await s.heartbeat(p["id"])
-
-
-async def _finish(s: LightningStore, b: FinishBody, p: _Params) -> BaseModel:
-    return await s.finish_attempt(p["id"], b.status, error=b.error, reward=b.reward)
-
-
-async def _cancel(s: LightningStore, b: IdsBody, _: _Params) -> BaseModel:
-    return RolloutList.model_construct(rollouts=await s.cancel(b.ids))
-
-
-async def _get_rollout(s: LightningStore, _b: None, p: _Params) -> BaseModel:
-    return await s.get_rollout(p["id"])
-
-
-async def _query_rollouts(s: LightningStore, b: QueryRolloutsBody, _: _Params) -> BaseModel:
-    rows = await s.query_rollouts(
-        ids=b.ids, status=b.status, group_id=b.group_id, mode=b.mode, limit=b.limit, offset=b.offset
-    )
-    return RolloutList.model_construct(rollouts=rows)
-
-
-async def _wait(s: LightningStore, b: WaitBody, _: _Params) -> BaseModel:
-    return RolloutList.model_construct(rollouts=await s.wait_for_rollouts(b.ids, b.timeout_s))
-
-
-async def _wait_now(s: LightningStore, b: WaitBody, _: _Params) -> BaseModel:
-    """The server is stopping: answer a long poll with the rollouts that have ended so far."""
-    return RolloutList.model_construct(rollouts=await s.wait_for_rollouts(b.ids, 0.0))
-
-
-async def _get_attempt(s: LightningStore, _b: None, p: _Params) -> BaseModel:
-    return await s.get_attempt(p["id"])
-
-
-async def _query_attempts(s: LightningStore, _b: None, p: _Params) -> BaseModel:
-    return AttemptList.model_construct(attempts=await s.query_attempts(p["id"]))
-
-
-async def _add_spans(s: LightningStore, b: SpansBody, _: _Params) -> bytes:
-    return b'{"count":%d}' % await s.add_spans(b.spans)
-
-
-async def _query_spans(s: LightningStore, b: QuerySpansBody, _: _Params) -> BaseModel:
-    rows = await s.query_spans(
-        rollout_id=b.rollout_id, attempt_id=b.attempt_id, name=b.name, limit=b.limit, offset=b.offset
-    )
-    return SpanList.model_construct(spans=rows)
-
-
-async def _add_resources(s: LightningStore, b: ResourcesBody, _: _Params) -> BaseModel:
-    return await s.add_resources(llm=b.llm, prompts=b.prompts, extra=b.extra)
-
-
-async def _get_resources(s: LightningStore, _b: None, p: _Params) -> BaseModel:
-    raw = p["id"]
-    if raw == "latest":
-        return await s.get_resources(None)
-    if not raw.isdigit():
-        raise InvalidRequestError(f"resources version must be a positive integer or 'latest', got {raw!r}.")
-    return await s.get_resources(int(raw))
-
-
-async def _expire(s: LightningStore, b: ExpireBody, _: _Params) -> BaseModel:
-    return Count.model_construct(count=await s.expire(b.now))
-
-
-async def _prune(s: LightningStore, b: PruneBody, _: _Params) -> BaseModel:
-    return Count.model_construct(count=await s.prune(b.older_than))
-
-
-async def _stats(s: LightningStore, _b: None, _p: _Params) -> BaseModel:
-    return await s.stats()
-
-
-async def _health(_s: LightningStore, _b: None, _p: _Params) -> bytes:
-    return b'{"status":"ok"}'
-
-
-_ROUTES: list[tuple[str, _Route]] = [
-    ("/rollouts/enqueue", _Route("POST", EnqueueBody, "requests", _enqueue)),
-    ("/rollouts/claim", _Route("POST", ClaimBody, "body", _claim)),
-    ("/rollouts/cancel", _Route("POST", IdsBody, "ids", _cancel)),
-    ("/rollouts/query", _Route("POST", QueryRolloutsBody, "ids", _query_rollouts)),
-    ("/rollouts/wait", _Route("POST", WaitBody, "ids", _wait, on_stop=_wait_now)),
-    ("/rollouts/{id}", _Route("GET", None, "", _get_rollout)),
-    ("/rollouts/{id}/attempts", _Route("GET", None, "", _query_attempts)),
-    ("/attempts/{id}", _Route("GET", None, "", _get_attempt)),
-    ("/attempts/{id}/heartbeat", _Route("POST", None, "", _heartbeat)),
-    ("/attempts/{id}/finish", _Route("POST", FinishBody, "body", _finish)),
-    ("/spans", _Route("POST", SpansBody, "spans", _add_spans)),
-    ("/spans/query", _Route("POST", QuerySpansBody, "body", _query_spans)),
-    ("/resources", _Route("POST", ResourcesBody, "extra", _add_resources)),
-    ("/resources/{id}", _Route("GET", None, "", _get_resources)),
-    ("/expire", _Route("POST", ExpireBody, "body", _expire)),
-    ("/prune", _Route("POST", PruneBody, "body", _prune)),
-    ("/stats", _Route("GET", None, "", _stats)),
-    ("/health", _Route("GET", None, "", _health)),
-]
-"""Every store route (``{id}`` is a rollout id, attempt id or resources version); the client's
-methods name the same paths."""
+        return await route.answer(self.store, now, params)
 
 
 def store_openapi() -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the store routes, built from ``_ROUTES`` and the body models the
+    """The OpenAPI 3.1 document of the store routes, built from their table and the body models the
     server parses with (``lightning_rl._openapi``): what schema-driven fuzzers and client generators
     read. OTLP ingest (``POST /v1/traces``) is OpenTelemetry's protocol and is not described here."""
     from lightning_rl import _openapi
 
-    routes = [
-        (path, r.method, r.body_model, (r.fn.__doc__ or r.fn.__name__.strip("_")).splitlines()[0])
-        for path, r in _ROUTES
-    ]
+    routes = [(r.path, r.method, r.body, r.name) for r in _SERVED]
     return _openapi.build_openapi("Lightning store", "1", routes, errors=(400, 401, 404, 405, 409, 413))
 
 
@@ -436,7 +293,7 @@ def create_store_app(
 
     app = FastAPI(title="Lightning store", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     stopping = asyncio.Event()
-    app.state.stopping = stopping  # set it to end long polls in flight with an answer (see _Route.on_stop)
+    app.state.stopping = stopping  # set it to end long polls in flight with an answer (see _StoreRoutes._long_poll)
 
     async def otlp_traces(request: Request) -> Response:
         try:
