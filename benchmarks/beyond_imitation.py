@@ -87,14 +87,34 @@ def preset(model: str, smoke: bool) -> Preset:
     bfloat16 where native, shared prefix); the tiny model's the tiny demo's; ``smoke`` shrinks everything."""
     if smoke:
         demo = {"batch_size": 4, "group_size": 4, "max_tokens": 48, "rl_lr": 3e-4}
-        return Preset("tiny", demo, ((20, 1e-3), (40, 1e-3)), n_demo=40, n_train=40, n_val=8, n_test=16,
-                      val_every=1, max_steps=3, sft_batch_size=8)
+        return Preset(
+            "tiny",
+            demo,
+            ((20, 1e-3), (40, 1e-3)),
+            n_demo=40,
+            n_train=40,
+            n_val=8,
+            n_test=16,
+            val_every=1,
+            max_steps=3,
+            sft_batch_size=8,
+        )
     if model == "smollm2-135m":
         from lightning_rl.demo.run import DemoConfig
 
         base = DemoConfig.smollm2()
-        keys = ("batch_size", "group_size", "rl_lr", "lora_rank", "lora_layers", "kl_every", "shared_prefix",
-                "micro_batch_tokens", "precision", "max_tokens")
+        keys = (
+            "batch_size",
+            "group_size",
+            "rl_lr",
+            "lora_rank",
+            "lora_layers",
+            "kl_every",
+            "shared_prefix",
+            "micro_batch_tokens",
+            "precision",
+            "max_tokens",
+        )
         demo = {k: getattr(base, k) for k in keys} | {"max_tokens": 64}
         sweep = ((10, 1e-3), (20, 1e-3), (40, 1e-3), (40, 3e-4), (80, 3e-4))
         return Preset(model, demo, sweep, sft_batch_size=8, n_val=50, n_test=100, val_every=4)
@@ -171,9 +191,18 @@ def child_sft(p: Preset, out: Path, seed: int) -> dict[str, Any]:
         name = f"s{steps}-lr{lr:g}"
         t0 = time.perf_counter()
         sft_on_chats(
-            base, folder / name, demos, steps=steps, seed=seed, lr=lr, batch_size=p.sft_batch_size,
-            lora_rank=lora, dtype=dtype, shared_prefix=int(p.demo.get("shared_prefix", 0)),
-            micro_batch_tokens=int(p.demo.get("micro_batch_tokens", 16_384)), canonical=True,
+            base,
+            folder / name,
+            demos,
+            steps=steps,
+            seed=seed,
+            lr=lr,
+            batch_size=p.sft_batch_size,
+            lora_rank=lora,
+            dtype=dtype,
+            shared_prefix=int(p.demo.get("shared_prefix", 0)),
+            micro_batch_tokens=int(p.demo.get("micro_batch_tokens", 16_384)),
+            canonical=True,
         )
         sft_s = time.perf_counter() - t0
         val = evaluate(p, str(folder / name), folder / f"eval-{name}", seed, split.val)
@@ -263,20 +292,44 @@ def arm_row(arm: str, seed: int, run_dir: Path, sft_s: float, process_s: float, 
     rows = _rows(run_dir / "metrics.jsonl")
     elapsed = {int(r["step"]): float(r["train/elapsed_s"]) for r in rows if "train/elapsed_s" in r}
     elapsed[0] = 0.0
-    curve = [(sft_s + elapsed.get(int(r["step"]), 0.0), float(r["val/reward_mean"])) for r in rows if "val/reward_mean" in r]
-    joins = {k: sum(float(r.get(f"train/concat_{k}_joins", 0.0)) for r in rows) for k in ("canonical", "spliced", "split")}
+    curve = [
+        (sft_s + elapsed.get(int(r["step"]), 0.0), float(r["val/reward_mean"])) for r in rows if "val/reward_mean" in r
+    ]
+    joins = {
+        k: sum(float(r.get(f"train/concat_{k}_joins", 0.0)) for r in rows) for k in ("canonical", "spliced", "split")
+    }
     return Row(
-        arm, seed, curve[0][1], curve[-1][1], train_s=max(elapsed.values()), process_s=process_s,
+        arm,
+        seed,
+        curve[0][1],
+        curve[-1][1],
+        train_s=max(elapsed.values()),
+        process_s=process_s,
         peak_gb=max(peak_gb, logged_peak_gb(run_dir / "metrics.jsonl")),
-        sequence_tokens=_median(rows, "train/sequence_tokens"), forward_tokens=_median(rows, "train/forward_tokens"),
-        steps=max(elapsed), curve=curve, joins=joins if any(joins.values()) else {},
+        sequence_tokens=_median(rows, "train/sequence_tokens"),
+        forward_tokens=_median(rows, "train/forward_tokens"),
+        steps=max(elapsed),
+        curve=curve,
+        joins=joins if any(joins.values()) else {},
     )
 
 
 def run_child(args: argparse.Namespace, out: Path, seed: int, arm: str) -> tuple[float, float]:
     """Run ``--child`` for (seed, arm) in a fresh process; returns (wall seconds, peak RSS GB)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", arm, "--seed", str(seed), "--out", str(out),
-           "--model", args.model, "--budget-min", str(args.budget_min)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        arm,
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--model",
+        args.model,
+        "--budget-min",
+        str(args.budget_min),
+    ]
     cmd += ["--smoke"] if args.smoke else []
     for name in ("sweep", "n_test", "n_val", "val_every", "max_steps"):
         if getattr(args, name) is not None:
@@ -307,8 +360,19 @@ def gather(out: Path) -> tuple[list[Row], list[dict[str, Any]]]:
         sft = json.loads(record_path.read_text())
         sfts.append(sft)
         seed, best = int(sft["seed"]), sft["best"]
-        rows.append(Row("a", seed, sft["base_test"], sft["best_test"], best["sft_s"], sft["process_s"], sft["peak_gb"],
-                        steps=best["steps"], curve=[(0.0, sft["base_test"]), (best["sft_s"], sft["best_test"])]))
+        rows.append(
+            Row(
+                "a",
+                seed,
+                sft["base_test"],
+                sft["best_test"],
+                best["sft_s"],
+                sft["process_s"],
+                sft["peak_gb"],
+                steps=best["steps"],
+                curve=[(0.0, sft["base_test"]), (best["sft_s"], sft["best_test"])],
+            )
+        )
         for arm in ARMS:
             done = seed_dir / arm / "run.json"
             if arm != "a" and done.exists():
@@ -326,8 +390,8 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
     lines = [
         f"Generated {header['date']} at commit `{header['commit']}` by `{header['command']}` ({header['machine']}).",
         "",
-        f"Task: two-operation calculator questions, demonstrations of one-operation ones only; model `{header['model']}`; "
-        f"held-out: {header['n_test']} two-operation tasks, greedy; RL arms: {header['budget_min']:g} min of training "
+        "Task: two-operation calculator questions, demonstrations of one-operation ones only; "
+        f"model `{header['model']}`; held-out: {header['n_test']} two-operation tasks, greedy; RL arms: {header['budget_min']:g} min of training "
         "each (evaluations excluded), from the seed's arm a.",
         "",
         "| arm | seed | held-out before | after | gain | train wall | process wall | steps | tokens / update "
@@ -360,13 +424,20 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
         if r.joins:
             joined = ", ".join(f"{k} {v:.0f}" for k, v in r.joins.items())
             lines.append(f"Arm d, seed {r.seed}: joins between consecutive calls: {joined} (lightning_rl.sequences).")
-    lines += ["", "SFT sweep (validation split, greedy; the best is arm a):", "",
-              "| seed | steps | lr | validation | SFT wall | chosen |", "|---:|---:|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "SFT sweep (validation split, greedy; the best is arm a):",
+        "",
+        "| seed | steps | lr | validation | SFT wall | chosen |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
     for sft in sfts:
         for point in sft["sweep"]:
             chosen = "yes" if point["name"] == sft["best"]["name"] else ""
-            lines.append(f"| {sft['seed']} | {point['steps']} | {point['lr']:g} | {point['val']:.2f} | "
-                         f"{point['sft_s']:.0f} s | {chosen} |")
+            lines.append(
+                f"| {sft['seed']} | {point['steps']} | {point['lr']:g} | {point['val']:.2f} | "
+                f"{point['sft_s']:.0f} s | {chosen} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -474,13 +545,17 @@ def main(argv: list[str] | None = None) -> int:
             record_path = out / f"seed{seed}" / "sft" / "result.json"
             record = json.loads(record_path.read_text()) | {"process_s": wall, "peak_gb": peak}
             record_path.write_text(json.dumps(record, indent=2))
-            print(f"seed {seed} arm a: {record['base_test']:.2f} -> {record['best_test']:.2f} ({wall:.0f} s)", flush=True)
+            print(
+                f"seed {seed} arm a: {record['base_test']:.2f} -> {record['best_test']:.2f} ({wall:.0f} s)", flush=True
+            )
             for arm in [a for a in ARMS if a in arms and a != "a"]:
                 wall, peak = run_child(args, out, seed, arm)
                 run_dir = out / f"seed{seed}" / arm
                 (run_dir / "run.json").write_text(json.dumps({"process_s": wall, "peak_gb": peak}))
                 result = json.loads((run_dir / "result.json").read_text())
-                print(f"seed {seed} arm {arm}: {result['before']:.2f} -> {result['after']:.2f} ({wall:.0f} s)", flush=True)
+                print(
+                    f"seed {seed} arm {arm}: {result['before']:.2f} -> {result['after']:.2f} ({wall:.0f} s)", flush=True
+                )
     print(write_report(out, header))
     return 0
 

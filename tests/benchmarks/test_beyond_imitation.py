@@ -69,8 +69,14 @@ def test_the_report_renders_every_arm_the_sweep_and_c_against_a(tmp_path: Path) 
     _write_synthetic(tmp_path)
     text = bench.write_report(tmp_path, HEADER)
     assert text.startswith("Generated 2026-01-01 00:00 UTC at commit `abc1234` by `uv run python")
-    assert "| a: SFT only (best of the sweep) | 0 | 0.00 | 0.25 | **+0.25** | 2.0 min | 5.0 min | 40 | - | 1.5 GB |" in text
-    assert "| c: SFT, then GRPO" in text and "| 0.25 | 0.55 | **+0.30** | 3.3 min | 6.7 min | 2 | 900, 1200 | 2.5 GB |" in text
+    assert (
+        "| a: SFT only (best of the sweep) | 0 | 0.00 | 0.25 | **+0.25** | 2.0 min | 5.0 min | 40 | - | 1.5 GB |"
+        in text
+    )
+    assert (
+        "| c: SFT, then GRPO" in text
+        and "| 0.25 | 0.55 | **+0.30** | 3.3 min | 6.7 min | 2 | 900, 1200 | 2.5 GB |" in text
+    )
     assert "Arm c minus arm a, held-out: seed 0: +0.30." in text
     assert "joins between consecutive calls: canonical 10, spliced 2, split 0" in text
     assert "| 0 | 40 | 0.001 | 0.20 | 120 s | yes |" in text

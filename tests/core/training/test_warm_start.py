@@ -120,7 +120,9 @@ def test_a_habit_that_never_lands_inside_its_band_goes_back_to_the_nearest_check
     assert record["skills"]["habit_steps"] == best[0] and len(record["habit_curve"]) == 12
 
 
-def test_canonical_completion_writes_a_call_as_the_template_renders_it_back(tmp_path: Path, tiny_model_path: Path) -> None:
+def test_canonical_completion_writes_a_call_as_the_template_renders_it_back(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
     from transformers import AutoTokenizer
 
     from lightning_rl.demo.calculator import CHAINED_CALCULATOR_TOOL
@@ -128,7 +130,10 @@ def test_canonical_completion_writes_a_call_as_the_template_renders_it_back(tmp_
     from lightning_rl.trainer.warm_start import canonical_completion
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    messages = [{"role": "system", "content": "Use the calculator tool, then answer."}, {"role": "user", "content": "2+3?"}]
+    messages = [
+        {"role": "system", "content": "Use the calculator tool, then answer."},
+        {"role": "user", "content": "2+3?"},
+    ]
     tools = [CHAINED_CALCULATOR_TOOL]
     spaced = '<tool_call>{"name":"calculator",  "arguments":{"operation":"add"}}</tool_call>'
     text = canonical_completion(tokenizer, messages, tools, spaced)

@@ -45,7 +45,11 @@ __all__ = [
 
 _WORDS = {"plus": "add", "minus": "subtract", "times": "multiply"}
 _ONE = ("What is {a} {w1} {b}?", "Compute {a} {w1} {b}.", "How much is {a} {w1} {b}?")
-_TWO = ("What is {a} {w1} {b}, {w2} {c}?", "Compute {a} {w1} {b}, then {w2} {c}.", "How much is {a} {w1} {b}, {w2} {c}?")
+_TWO = (
+    "What is {a} {w1} {b}, {w2} {c}?",
+    "Compute {a} {w1} {b}, then {w2} {c}.",
+    "How much is {a} {w1} {b}, {w2} {c}?",
+)
 
 
 def make_chained_tasks(n: int, *, operations: int, seed: int, low: int = 2, high: int = 15) -> list[Task]:

@@ -9,7 +9,6 @@ included) is what keeps the trained format identical to what the gateway will se
 from __future__ import annotations
 
 import json
-
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
