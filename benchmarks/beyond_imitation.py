@@ -391,7 +391,8 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
         f"Generated {header['date']} at commit `{header['commit']}` by `{header['command']}` ({header['machine']}).",
         "",
         "Task: two-operation calculator questions, demonstrations of one-operation ones only; "
-        f"model `{header['model']}`; held-out: {header['n_test']} two-operation tasks, greedy; RL arms: {header['budget_min']:g} min of training "
+        f"model `{header['model']}`; held-out: {header['n_test']} two-operation tasks, greedy; "
+        f"RL arms: {header['budget_min']:g} min of training "
         "each (evaluations excluded), from the seed's arm a.",
         "",
         "| arm | seed | held-out before | after | gain | train wall | process wall | steps | tokens / update "
