@@ -44,7 +44,7 @@ def _write_synthetic(out: Path) -> None:
     seed_dir = out / "seed0"
     sweep = [
         {"steps": 20, "lr": 1e-3, "val": 0.10, "sft_s": 60.0, "name": "s20-lr0.001"},
-        {"steps": 40, "lr": 1e-3, "val": 0.20, "sft_s": 120.0, "name": "s40-lr0.001"},
+        {"steps": 40, "lr": 1e-3, "val": 0.20, "val_one": 0.9, "sft_s": 120.0, "name": "s40-lr0.001"},
     ]
     (seed_dir / "sft").mkdir(parents=True)
     record = {"seed": 0, "sweep": sweep, "best": sweep[1], "base_test": 0.0, "best_test": 0.25}
@@ -79,7 +79,9 @@ def test_the_report_renders_every_arm_the_sweep_and_c_against_a(tmp_path: Path) 
     )
     assert "Arm c minus arm a, held-out: seed 0: +0.30." in text
     assert "joins between consecutive calls: canonical 10, spliced 2, split 0" in text
-    assert "| 0 | 40 | 0.001 | 0.20 | 120 s | yes |" in text
+    assert (
+        "| 0 | 40 | 0.001 | 0.20 | 0.90 | 120 s | yes |" in text and "| 0 | 20 | 0.001 | 0.10 | n/a | 60 s |  |" in text
+    )
     payload = json.loads((tmp_path / "beyond_imitation.json").read_text())
     curve = next(r["curve"] for r in payload["rows"] if r["arm"] == "c")
     assert curve == [[120.0, 0.25], [320.0, 0.55]]  # the arm's clock starts where its SFT ended

@@ -30,7 +30,8 @@ def test_splits_are_disjoint_and_the_demonstrations_never_call_twice() -> None:
     split = two_step_splits(1, n_demo=30, n_train=40, n_val=10, n_test=20)
     ids = [t.id for t in split.train + split.val + split.test]
     assert len(ids) == len(set(ids)) == 70
-    assert all(len(t.input["operands"]) == 2 for t in split.demo)
+    assert all(len(t.input["operands"]) == 2 for t in split.demo + split.val_one)
+    assert len(split.val_one) == 10 and not {t.id for t in split.val_one} & {t.id for t in split.demo}
     assert all(len(t.input["operands"]) == 3 for t in split.train + split.val + split.test)
     assert two_step_splits(1, n_demo=30, n_train=40, n_val=10, n_test=20) == split
     demos = one_step_demonstrations(split.demo, seed=1, report_per_task=1)

@@ -15,8 +15,8 @@ demonstrations never show a call after a tool result. The agent is the demo's un
 ``calculator_agent``: a task that lists its ``operands`` switches it to the chained tool.
 
 Every split is deterministic in the seed: the one-operation tasks the demonstrations are written
-from, and disjoint two-operation training, validation (for choosing the SFT's steps and learning
-rate) and held-out test tasks.
+from (and one-operation validation tasks outside them), and disjoint two-operation training,
+validation (for choosing the SFT's steps and learning rate) and held-out test tasks.
 """
 
 from __future__ import annotations
@@ -103,22 +103,28 @@ def make_chained_tasks(n: int, *, operations: int, seed: int, low: int = 2, high
 @dataclass(frozen=True)
 class TwoStepSplits:
     """The task sets of one seed: ``demo`` (one operation, what the demonstrations are written from),
-    and disjoint two-operation ``train`` (RL's tasks), ``val`` (choosing the SFT's steps and learning
-    rate) and ``test`` (held-out, decoded greedily before and after) sets."""
+    disjoint two-operation ``train`` (RL's tasks), ``val`` (choosing the SFT's steps and learning rate)
+    and ``test`` (held-out, decoded greedily before and after) sets, and ``val_one``, one-operation
+    questions outside ``demo``: how well a model imitates the demonstrations, which breaks ties when no
+    SFT model solves a two-operation question."""
 
     demo: list[Task]
     train: list[Task]
     val: list[Task]
     test: list[Task]
+    val_one: list[Task]
 
 
 def two_step_splits(
     seed: int, *, n_demo: int = 300, n_train: int = 300, n_val: int = 50, n_test: int = 100
 ) -> TwoStepSplits:
-    """The splits of ``seed`` (see ``TwoStepSplits``); the same seed gives the same tasks."""
-    demo = make_chained_tasks(n_demo, operations=1, seed=seed)
+    """The splits of ``seed`` (see ``TwoStepSplits``; ``val_one`` has ``n_val`` tasks); the same seed gives
+    the same tasks."""
+    one = make_chained_tasks(n_demo + n_val, operations=1, seed=seed)
     two = make_chained_tasks(n_train + n_val + n_test, operations=2, seed=seed + 10_000)
-    return TwoStepSplits(demo, two[:n_train], two[n_train : n_train + n_val], two[n_train + n_val :])
+    return TwoStepSplits(
+        one[:n_demo], two[:n_train], two[n_train : n_train + n_val], two[n_train + n_val :], one[n_demo:]
+    )
 
 
 def one_step_demonstrations(tasks: Sequence[Task], *, seed: int, report_per_task: int = 1) -> list[Demonstration]:
