@@ -346,9 +346,10 @@ def run_child(args: argparse.Namespace, out: Path, seed: int, arm: str) -> tuple
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         with RssSampler(proc.pid) as rss:
-            _, status, usage = os.wait4(proc.pid, 0)
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own resource usage
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
     wall = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
+    if proc.returncode != 0:
         raise SystemExit(f"seed {seed} arm {arm} failed; see {log_path}")
     return wall, max(usage.ru_maxrss / 1e6, rss.peak_gb)
 
