@@ -118,3 +118,35 @@ def test_a_habit_that_never_lands_inside_its_band_goes_back_to_the_nearest_check
     assert done.skills["base/p_tool_call"] == pytest.approx(best[1], abs=1e-5)
     record = json.loads((done.model_dir / "warm_start.json").read_text())
     assert record["skills"]["habit_steps"] == best[0] and len(record["habit_curve"]) == 12
+
+
+def test_canonical_completion_writes_a_call_as_the_template_renders_it_back(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from lightning_rl.demo.calculator import CHAINED_CALCULATOR_TOOL
+    from lightning_rl.engine.hf import TransformersEngine
+    from lightning_rl.trainer.warm_start import canonical_completion
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    messages = [
+        {"role": "system", "content": "Use the calculator tool, then answer."},
+        {"role": "user", "content": "2+3?"},
+    ]
+    tools = [CHAINED_CALCULATOR_TOOL]
+    spaced = '<tool_call>{"name":"calculator",  "arguments":{"operation":"add"}}</tool_call>'
+    text = canonical_completion(tokenizer, messages, tools, spaced)
+    assert text == '<tool_call>{"name": "calculator", "arguments": {"operation": "add"}}</tool_call>'
+    assert canonical_completion(tokenizer, messages, tools, "The answer is 5.") == "The answer is 5."
+    # the prompt of the next turn starts with this turn's prompt + the canonical completion + end of turn
+    engine = TransformersEngine.from_pretrained(tiny_model_path)
+    try:
+        first = engine.encode_chat(messages, tools)
+        response = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        call = {"id": "c", "type": "function", "function": {"name": "calculator", "arguments": '{"operation": "add"}'}}
+        history = [*messages, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        second = engine.encode_chat([*history, {"role": "tool", "tool_call_id": "c", "content": "5"}], tools)
+        assert second[: len(first) + len(response)] == first + response
+    finally:
+        engine.close()

@@ -15,7 +15,7 @@ import uuid
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lightning_rl.errors import IllegalTransitionError
 
@@ -335,8 +335,29 @@ class Transition(_Model):
         description="The call as text (messages, response, tool calls). A text-only capture (exact_tokens False) has "
         "empty token ids until lightning_rl.capture.retokenize fills them with the policy's tokenizer.",
     )
+    response_mask: list[int] | None = Field(
+        default=None,
+        description="Which response tokens the loss trains on (1) and which are context the policy did not "
+        "write (0): a tool result spliced between two calls when a rollout's calls are concatenated into one "
+        "sequence (lightning_rl.sequences). None: every response token is the policy's own.",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _mask_fits(self) -> Transition:
+        mask = self.response_mask
+        if mask is not None:
+            if len(mask) != len(self.response_ids):
+                raise ValueError(f"response_mask has {len(mask)} entries for {len(self.response_ids)} response tokens.")
+            if any(m not in (0, 1) for m in mask):
+                raise ValueError("response_mask entries must be 0 or 1.")
+        return self
+
+    @property
+    def trained_tokens(self) -> int:
+        """Response tokens the loss trains on (those ``response_mask`` keeps; all of them without one)."""
+        return len(self.response_ids) if self.response_mask is None else sum(self.response_mask)
 
 
 class StoreStats(_Model):

@@ -411,7 +411,7 @@ class TorchBackend:
         Both are measured on the first epoch's forward passes, i.e. on the policy as each
         mini-batch finds it: the first update of a fresh run reports a KL of 0."""
         cfg = self.config
-        usable = [t for t in transitions if t.response_ids and t.prompt_ids]
+        usable = [t for t in transitions if t.response_ids and t.prompt_ids and t.trained_tokens]
         if not usable:
             raise ValueError("update() got no transition with both prompt and response tokens.")
         if cfg.old_logprobs == "sampled" and any(t.response_logprobs is None for t in usable):
@@ -441,6 +441,7 @@ class TorchBackend:
         # diagnostics, summed over the response tokens of the first epoch (each token seen once)
         entropy_sum = kl_start_sum = 0.0
         diag_tokens = 0
+        forward_tokens = 0  # padded tokens of every forward pass of the update (what the cost grows with)
         grad_norms: list[float] = []
         n_steps = 0
         rng = random.Random(cfg.seed + self.step)
@@ -449,30 +450,35 @@ class TorchBackend:
             rng.shuffle(order)
             for chunk in _split(order, cfg.mini_batches):
                 batch = [usable[i] for i in chunk]
+                # a response_mask leaves context tokens (a spliced tool result) out of the loss and its mean
                 weights = token_weights(
-                    [len(t.response_ids) for t in batch], [t.rollout_id for t in batch], cfg.loss_aggregation
+                    [t.trained_tokens for t in batch], [t.rollout_id for t in batch], cfg.loss_aggregation
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 seqs = [(t.prompt_ids, t.response_ids) for t in batch]
                 for mb in self._pack(seqs):
                     rows = [chunk[i] for i in mb.indices]
+                    forward_tokens += mb.n_tokens
                     logp, entropy = self._response_forward(self.model, mb, entropy=epoch == 0)
                     if in_pass:
                         _fill_rows(old, rows, logp.detach().cpu().tolist())
                     if entropy is not None:
-                        entropy_sum += float(entropy.sum())
-                        diag_tokens += entropy.numel()
+                        trained = torch.tensor(
+                            [m for r in rows for m in _mask(usable[r])], dtype=torch.float32, device=self.device
+                        )
+                        entropy_sum += float((entropy * trained).sum())
+                        diag_tokens += int(trained.sum())
                         if start is not None:
                             start_flat = torch.tensor(
                                 [x for r in rows for x in start[r]], dtype=torch.float32, device=self.device
                             )
                             # a token outside both nuclei (top-p) has logprob -inf on each side: no KL there
                             kl = torch.nan_to_num(kl_k3(logp.detach(), start_flat), nan=0.0)
-                            kl_start_sum += float(kl.sum())
+                            kl_start_sum += float((kl * trained).sum())
                     flat = _flat(
                         [old[r] for r in rows],
                         [[usable[r].advantage] * len(usable[r].response_ids) for r in rows],
-                        [[weights[i]] * mb.response_lens[k] for k, i in enumerate(mb.indices)],
+                        [[weights[i] * m for m in _mask(batch[i])] for i in mb.indices],
                         [ref[r] for r in rows] if ref is not None else None,
                         self.device,
                     )
@@ -494,7 +500,7 @@ class TorchBackend:
         self.step += 1
         release_free_memory()  # the update's activations, freed: back to the system (see lightning_rl.memory)
         elapsed = time.perf_counter() - started
-        n_tokens = sum(len(t.response_ids) for t in usable)
+        n_tokens = sum(t.trained_tokens for t in usable)
         diagnostics = {"train/entropy": entropy_sum / diag_tokens}
         if start is not None:
             diagnostics["train/kl_to_start"] = kl_start_sum / diag_tokens
@@ -505,6 +511,8 @@ class TorchBackend:
             "train/optimizer_steps": float(n_steps),
             "train/update_s": elapsed,
             "train/update_tokens_per_s": n_tokens * cfg.ppo_epochs / elapsed if elapsed > 0 else 0.0,
+            "train/sequence_tokens": float(sum(len(t.prompt_ids) + len(t.response_ids) for t in usable)),
+            "train/forward_tokens": float(forward_tokens),
         }
 
     def sft(
@@ -832,6 +840,11 @@ def _fill_rows(out: list[list[float]], rows: Sequence[int], flat: Sequence[float
         n = len(out[row])
         out[row] = list(flat[offset : offset + n])
         offset += n
+
+
+def _mask(t: Transition) -> list[int]:
+    """Which of ``t``'s response tokens are trained: its ``response_mask``, or all of them."""
+    return t.response_mask if t.response_mask is not None else [1] * len(t.response_ids)
 
 
 def _split(order: list[int], parts: int) -> Iterator[list[int]]:

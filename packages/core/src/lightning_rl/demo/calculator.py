@@ -7,6 +7,11 @@ model's final message must state the number. Reward: 1 if the last integer in th
 right. (The model routes and reports; it never has to copy the operands, which a model of a million
 parameters learns only slowly.)
 
+A *chained* task (``lightning_rl.demo.two_step``) lists its numbers under ``operands`` and offers
+``CHAINED_CALCULATOR_TOOL`` instead: the first call applies its operation to the first two numbers,
+each later call to the previous result and the next number, so "What is 7 times 12, plus 5?" takes two
+calls in a row. A task without ``operands`` runs exactly as before.
+
 The demonstrations used to warm-start the tiny model reproduce a failure common to real agents:
 the demonstrator often answers "from memory" instead of calling its tool, and those answers are
 wrong. After the warm-start the model therefore knows the format but calls the tool only part of
@@ -29,6 +34,7 @@ from lightning_rl.types import Task
 
 __all__ = [
     "CALCULATOR_TOOL",
+    "CHAINED_CALCULATOR_TOOL",
     "SYSTEM_PROMPT",
     "calculator",
     "calculator_agent",
@@ -54,6 +60,15 @@ CALCULATOR_TOOL: dict[str, Any] = {
         },
     },
 }
+CHAINED_CALCULATOR_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Apply add, subtract or multiply: the first call to the question's first two numbers, "
+        "each later call to the previous result and the question's next number.",
+        "parameters": CALCULATOR_TOOL["function"]["parameters"],
+    },
+}
 _OPERATIONS = {"plus": "add", "minus": "subtract", "times": "multiply"}
 _QUESTIONS = ("What is {a} {word} {b}?", "Compute {a} {word} {b}.", "How much is {a} {word} {b}?")
 
@@ -75,6 +90,27 @@ def score_answer(text: str | None, answer: int) -> float:
     return 1.0 if numbers and int(numbers[-1]) == answer else 0.0
 
 
+class _Operands:
+    """What each calculator call applies its operation to: the task's ``a`` and ``b`` every time, or, for a
+    chained task (``operands``), the first two numbers, then the previous result and the next number."""
+
+    def __init__(self, task: dict[str, Any]) -> None:
+        listed = task.get("operands")
+        self.chained = listed is not None
+        self.numbers = [int(x) for x in listed] if listed is not None else [int(task["a"]), int(task["b"])]
+        self.value, self.used = self.numbers[0], 1
+
+    def apply(self, operation: str) -> str:
+        """The tool's result; ``ValueError`` for an unknown operation or a call past the last number."""
+        if not self.chained:
+            return calculator(operation, self.numbers[0], self.numbers[1])
+        if self.used >= len(self.numbers):
+            raise ValueError("every number of the question is used; give the answer")
+        result = calculator(operation, self.value, self.numbers[self.used])
+        self.value, self.used = int(result), self.used + 1
+        return result
+
+
 async def calculator_agent(task: dict[str, Any], llm: LLM) -> float:
     """Answer ``task["question"]`` using the calculator tool; returns the reward."""
     client = llm.async_openai_client(max_retries=0, timeout=120.0)
@@ -82,10 +118,14 @@ async def calculator_agent(task: dict[str, Any], llm: LLM) -> float:
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task["question"]},
     ]
+    operands = _Operands(task)
+    tool = CHAINED_CALCULATOR_TOOL if operands.chained else CALCULATOR_TOOL
+    # a chained task: one call per operation, the answer, and one turn to spare for a failed call
+    turns = len(operands.numbers) + 1 if operands.chained else MAX_TURNS
     try:
-        for _ in range(MAX_TURNS):
+        for _ in range(turns):
             response = await client.chat.completions.create(
-                model=llm.model, messages=messages, tools=[cast(Any, CALCULATOR_TOOL)], **dict(llm.sampling)
+                model=llm.model, messages=messages, tools=[cast(Any, tool)], **dict(llm.sampling)
             )
             message = response.choices[0].message
             if not message.tool_calls:
@@ -97,7 +137,7 @@ async def calculator_agent(task: dict[str, Any], llm: LLM) -> float:
                     if name is None or call.function.name != "calculator":
                         raise ValueError("unknown tool; the only tool is 'calculator'")
                     operation = str(json.loads(call.function.arguments).get("operation", ""))
-                    result = calculator(operation, int(task["a"]), int(task["b"]))
+                    result = operands.apply(operation)
                 except (ValueError, TypeError, AttributeError, json.JSONDecodeError) as exc:
                     emit_signal("tool_error", 1.0, tool_call_id=call.id)
                     result = f"error: {exc}"

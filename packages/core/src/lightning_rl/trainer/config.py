@@ -70,6 +70,15 @@ class TrainerConfig:
     one batch, and every other call (untrainable roles, calls of no role) with the base weights, so
     ``untrainable_roles`` does not apply. One copy of the base is kept, shared by the engine and the
     trainer. Policy gradient only (``update_rule="policy_gradient"``). See docs/adapters.md."""
+    sequence: Literal["per_call", "concatenated"] = "per_call"
+    """What one training sample is. ``per_call`` (LightningRL): every model call is its own transition,
+    with the prompt it was sent. ``concatenated``: a rollout's calls are spliced into one sequence with
+    the loss masked to the policy's own tokens (``lightning_rl.sequences``), the usual way of training a
+    multi-turn agent, kept for comparison (``benchmarks/beyond_imitation.py``). Policy gradient only."""
+    time_budget_s: float | None = None
+    """Stop after the step during which the training time reaches this many seconds (``steps`` stays
+    the most): the time of the steps themselves (rollouts, update, publish), without validation, so
+    that runs compared at one budget spend it on training alone. None: run every step."""
     skip_zero_advantage: bool = True
     """Leave transitions with zero advantage out of the update (no gradient without a KL term)."""
     update_rule: str = "policy_gradient"
@@ -162,6 +171,15 @@ class TrainerConfig:
                 raise ValueError(
                     f"adapters='per_role' trains with update_rule='policy_gradient' only, got {self.update_rule!r}."
                 )
+        if self.sequence not in ("per_call", "concatenated"):
+            raise ValueError(f"TrainerConfig.sequence must be 'per_call' or 'concatenated', got {self.sequence!r}.")
+        if self.sequence == "concatenated" and (self.update_rule != "policy_gradient" or self.adapters != "shared"):
+            raise ValueError(
+                "sequence='concatenated' trains with update_rule='policy_gradient' and shared adapters only, got "
+                f"update_rule={self.update_rule!r}, adapters={self.adapters!r}."
+            )
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise ValueError(f"TrainerConfig.time_budget_s must be > 0 or None, got {self.time_budget_s}.")
         if self.temperature <= 0:
             raise ValueError("training needs temperature > 0 (greedy sampling has no policy gradient).")
         self._resolve_precision()

@@ -189,6 +189,32 @@ class Trainer:
         plot_reward_curve(metrics.history, self.run_dir / "reward_curve.png")
         return TrainResult(self.run_dir, val_before, val_after, metrics.history)
 
+    def evaluate(self, agent: AgentFn, tasks: Sequence[Task]) -> float:
+        """Mean reward of ``agent`` on ``tasks`` (one rollout each, at ``val_temperature``) with the
+        configured model, without training: the held-out score of weights that something else made
+        (a fine-tuned checkpoint chosen on a validation split). Logged to ``<run_dir>/metrics.jsonl``
+        as a ``val/*`` row of step 0, as ``fit`` logs its first validation.
+
+        Raises:
+            ValueError: ``tasks`` is empty.
+        """
+        return asyncio.run(self.evaluate_async(agent, tasks))
+
+    async def evaluate_async(self, agent: AgentFn, tasks: Sequence[Task]) -> float:
+        """``evaluate`` inside a running event loop."""
+        if not tasks:
+            raise ValueError("evaluate() needs at least one task.")
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        metrics = MetricsLogger(self.run_dir, tensorboard=False, loggers=cfg.loggers, logger_options=cfg.logger_options)
+        tasks = [_with_id(t, f"val-{i}") for i, t in enumerate(tasks)]
+        try:
+            with StepProgress(0, enabled=False) as bar:
+                async with self._services(agent) as svc:
+                    return await self._validate(svc, tasks, 0, metrics, bar)
+        finally:
+            metrics.close()
+
     async def _run(
         self,
         agent: AgentFn | None,
@@ -212,17 +238,26 @@ class Trainer:
             bar.advance_to(first_step)
             val_before = await self._validate(svc, val_tasks, first_step, metrics, bar) if val_tasks else None
             val_after = val_before
+            last, trained_s = first_step, 0.0
             for step in range(first_step + 1, cfg.steps + 1):
                 row = await self._train_step(svc, step, rng.sample(train_tasks, min(cfg.batch_size, len(train_tasks))))
-                if val_tasks and cfg.val_every and step % cfg.val_every == 0 and step != cfg.steps:
+                last, trained_s = step, trained_s + row["train/step_s"]
+                row["train/elapsed_s"] = trained_s  # training time so far, validation excluded
+                # the time budget counts training only, so validation never eats into it
+                out_of_time = cfg.time_budget_s is not None and trained_s >= cfg.time_budget_s
+                final = step == cfg.steps or out_of_time
+                if val_tasks and cfg.val_every and step % cfg.val_every == 0 and not final:
                     val_after = await self._validate(svc, val_tasks, step, metrics, bar)
                 metrics.log(row)
                 bar.step_done(row)
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     self._checkpoint(svc, step)
+                if out_of_time:
+                    bar.note(f"time budget of {cfg.time_budget_s:.0f} s reached after step {step}")
+                    break
             if val_tasks:
-                val_after = await self._validate(svc, val_tasks, cfg.steps, metrics, bar)
-            self._checkpoint(svc, cfg.steps)
+                val_after = await self._validate(svc, val_tasks, last, metrics, bar)
+            self._checkpoint(svc, last)
         return val_before, val_after
 
     def _services(self, agent: AgentFn | None) -> AbstractAsyncContextManager[Services]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lightning_rl.backends.base import PolicyBackend
 from lightning_rl.credit import RolloutSample, compute_advantages
+from lightning_rl.sequences import concatenate_samples
 from lightning_rl.trainer.metrics import zero_advantage_frac
 from lightning_rl.types import Transition
 
@@ -80,14 +81,19 @@ class PolicyGradient:
 
     def prepare(self, samples: Sequence[RolloutSample]) -> UpdateBatch:
         cfg = self.config
+        n_calls = sum(len(s.transitions) for s in samples)
+        extra: dict[str, float] = {}
+        if cfg.sequence == "concatenated":  # one masked sequence per rollout instead of one sample per call
+            samples, joins = concatenate_samples(samples)
+            extra = joins.metrics()
         transitions = compute_advantages(samples, strategy=cfg.credit, gamma=cfg.gamma, estimator=cfg.estimator)
         skip_zero = cfg.skip_zero_advantage and cfg.backend.kl_coef == 0
         batch = [t for t in transitions if t.advantage != 0.0] if skip_zero else transitions
         return UpdateBatch(
             items=batch,
-            n_transitions=len(transitions),
+            n_transitions=n_calls,
             n_updated=len(batch),
-            metrics={"train/zero_advantage_frac": zero_advantage_frac([t.advantage for t in transitions])},
+            metrics={"train/zero_advantage_frac": zero_advantage_frac([t.advantage for t in transitions]), **extra},
         )
 
     def apply(self, backend: PolicyBackend, batch: UpdateBatch) -> dict[str, float]:

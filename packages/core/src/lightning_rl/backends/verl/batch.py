@@ -191,6 +191,9 @@ def transitions_to_dataproto(transitions: Sequence[Transition], config: BatchCon
 
     response_mask = response_attn.clone()
     response_mask[n:] = 0
+    for row, t in enumerate(kept):  # a concatenated rollout trains only its own tokens (lightning_rl.sequences)
+        if t.response_mask is not None:
+            response_mask[row, : len(t.response_mask)] = torch.tensor(t.response_mask, dtype=response_mask.dtype)
     attention_mask = torch.cat([prompt_mask, response_attn], dim=1)
     position_ids = torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
     tensors: dict[str, torch.Tensor] = {

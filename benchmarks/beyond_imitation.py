@@ -1,0 +1,572 @@
+"""RL beyond imitation (issue 41): what does RL add over SFT on the same demonstrations?
+
+The task (``lightning_rl.demo.two_step``): two-operation calculator questions ("What is 7 times 12,
+plus 5?") that need two tool calls in a row, while the demonstrations show only one-operation
+questions (one call, then the report). No arm starts from a deliberately degraded model. Per seed:
+
+- **a** SFT only: ``sft_on_chats`` on the demonstrations for each (steps, lr) of ``--sweep``, each
+  scored greedily on the validation split; the best is arm a, and the start of every other arm.
+- **b** then rejection-sampling SFT on the agent's own successful rollouts (``algorithms.SFT``).
+- **c** then GRPO with LightningRL: each call a transition, every call gets the episode's advantage.
+- **d** then GRPO on each episode concatenated into one sequence, the loss masked to the model's own
+  tokens (``TrainerConfig(sequence="concatenated")``, ``lightning_rl.sequences``).
+- **e** c with the advantage on the final call only (``credit="last"``).
+- **f** c plus AIR on tool errors (``air={"tool_error": -0.1}``).
+
+Arms b-f train for the same ``--budget-min`` minutes of training time each (rollouts + updates;
+held-out evaluations are not counted, ``TrainerConfig.time_budget_s``) and are evaluated greedily on
+the held-out test split (``--n-test``, >= 100 for a published table) every ``--val-every`` steps.
+Every phase runs in its own process, one at a time (``--child``), so that wall times and peak memory
+are each run's own. Writes, under ``--out``: ``beyond_imitation.md`` (the table, headed by date,
+commit, command and machine), ``beyond_imitation.json`` and ``beyond_imitation.png`` (held-out
+reward per arm over training time), plus every run's folder and log.
+
+    uv run python benchmarks/beyond_imitation.py --smoke --out runs/beyond_smoke        # every arm, tiny model, minutes
+    uv run python benchmarks/beyond_imitation.py --model smollm2-135m --arms a,b,c,d --seeds 0-2 \\
+        --budget-min 15 --out runs/beyond_imitation
+    uv run python benchmarks/beyond_imitation.py --report --out runs/beyond_imitation   # re-render the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from _common import RssSampler, cpu_name, git_commit, logged_peak_gb, parse_seeds
+
+ARMS: dict[str, str] = {
+    "a": "SFT only (best of the sweep)",
+    "b": "SFT, then rejection-sampling SFT on own successes",
+    "c": "SFT, then GRPO, LightningRL (per call, episode advantage on every call)",
+    "d": "SFT, then GRPO on concatenated episodes (loss masked to own tokens)",
+    "e": "c, advantage on the final call only",
+    "f": "c, plus AIR on tool errors (-0.1)",
+}
+RL_OVERRIDES: dict[str, dict[str, Any]] = {
+    "c": {"credit": "broadcast", "air": {}},
+    "d": {"credit": "broadcast", "air": {}, "sequence": "concatenated"},
+    "e": {"credit": "last", "air": {}},
+    "f": {"credit": "broadcast", "air": {"tool_error": -0.1}},
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything an arm needs besides the arm: the model, the data sizes, SFT and RL settings."""
+
+    model: str
+    demo: dict[str, Any]
+    """``DemoConfig`` fields of the RL phase (``demo_trainer_config``: batch, group, lr, LoRA, precision)."""
+    sweep: tuple[tuple[int, float], ...]
+    sft_batch_size: int = 8
+    report_per_task: int = 1
+    n_demo: int = 300
+    n_train: int = 300
+    n_val: int = 50
+    n_test: int = 100
+    val_every: int = 4
+    max_steps: int = 1000
+    rft_lr: float | None = None
+    """Rejection-sampling SFT's learning rate (None: the RL one)."""
+
+
+def preset(model: str, smoke: bool) -> Preset:
+    """The settings of ``model``: SmolLM2's follow ``DemoConfig.smollm2`` (LoRA on the top 15 layers,
+    bfloat16 where native, shared prefix); the tiny model's the tiny demo's; ``smoke`` shrinks everything."""
+    if smoke:
+        demo = {"batch_size": 4, "group_size": 4, "max_tokens": 48, "rl_lr": 3e-4}
+        return Preset(
+            "tiny",
+            demo,
+            ((20, 1e-3), (40, 1e-3)),
+            n_demo=40,
+            n_train=40,
+            n_val=8,
+            n_test=16,
+            val_every=1,
+            max_steps=3,
+            sft_batch_size=8,
+        )
+    if model == "smollm2-135m":
+        from lightning_rl.demo.run import DemoConfig
+
+        base = DemoConfig.smollm2()
+        keys = (
+            "batch_size",
+            "group_size",
+            "rl_lr",
+            "lora_rank",
+            "lora_layers",
+            "kl_every",
+            "shared_prefix",
+            "micro_batch_tokens",
+            "precision",
+            "max_tokens",
+        )
+        demo = {k: getattr(base, k) for k in keys} | {"max_tokens": 64}
+        sweep = ((10, 1e-3), (20, 1e-3), (40, 1e-3), (40, 3e-4), (80, 3e-4))
+        return Preset(model, demo, sweep, sft_batch_size=8, n_val=50, n_test=100, val_every=4)
+    demo = {"batch_size": 16, "group_size": 8, "rl_lr": 3e-4}
+    return Preset(model, demo, ((300, 1e-3), (600, 1e-3), (1200, 1e-3)), sft_batch_size=32, report_per_task=3)
+
+
+def parse_sweep(text: str) -> tuple[tuple[int, float], ...]:
+    """``"40:1e-3,80:3e-4"`` -> ((40, 0.001), (80, 0.0003))."""
+    try:
+        pairs = tuple((int(s), float(lr)) for s, lr in (p.split(":") for p in text.split(",") if p.strip()))
+    except ValueError as exc:
+        raise SystemExit(f"--sweep {text!r}: give steps:lr pairs like 40:1e-3,80:3e-4") from exc
+    if not pairs:
+        raise SystemExit(f"--sweep {text!r} names no point")
+    return pairs
+
+
+def settings(args: argparse.Namespace) -> Preset:
+    """The preset with the command line's overrides."""
+    p = preset(args.model, args.smoke)
+    changes: dict[str, Any] = {}
+    if args.sweep:
+        changes["sweep"] = parse_sweep(args.sweep)
+    for name in ("n_test", "n_val", "val_every", "max_steps"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    return dataclasses.replace(p, **changes)
+
+
+# --- the child processes: one SFT sweep per seed, one RL arm per (seed, arm) ------------------------
+
+
+def _quiet() -> None:
+    from lightning_rl.demo.run import _quiet_hf_bars  # pyright: ignore[reportPrivateUsage]
+
+    _quiet_hf_bars()
+
+
+def trainer_config(p: Preset, model: str, run_dir: Path, seed: int, **overrides: Any) -> Any:
+    """The RL phase's ``TrainerConfig`` (the demo's, from ``demo_trainer_config``) with ``overrides``."""
+    from lightning_rl.demo.run import DemoConfig, demo_trainer_config
+
+    cfg = DemoConfig(seed=seed, model=model, progress=False, **{k: v for k, v in p.demo.items()})
+    settings: dict[str, Any] = {"val_every": p.val_every, "tensorboard": False, "steps": p.max_steps}
+    return demo_trainer_config(model, str(run_dir), cfg, **{**settings, **overrides})
+
+
+def evaluate(p: Preset, model: str, run_dir: Path, seed: int, tasks: list[Any]) -> float:
+    from lightning_rl.demo.calculator import calculator_agent
+    from lightning_rl.trainer import Trainer
+
+    return Trainer(trainer_config(p, model, run_dir, seed)).evaluate(calculator_agent, tasks)
+
+
+def child_sft(p: Preset, out: Path, seed: int) -> dict[str, Any]:
+    """Arm a: the sweep, each point scored on the validation split; the best is kept as ``best/``."""
+    from lightning_rl.demo.run import _resolved_precision  # pyright: ignore[reportPrivateUsage]
+    from lightning_rl.demo.two_step import chats, one_step_demonstrations, two_step_splits
+    from lightning_rl.engine.models import resolve_model
+    from lightning_rl.trainer.warm_start import sft_on_chats
+
+    folder = out / f"seed{seed}" / "sft"
+    folder.mkdir(parents=True, exist_ok=True)
+    split = two_step_splits(seed, n_demo=p.n_demo, n_train=p.n_train, n_val=p.n_val, n_test=p.n_test)
+    demos = chats(one_step_demonstrations(split.demo, seed=seed, report_per_task=p.report_per_task))
+    base = resolve_model(p.model)
+    lora = int(p.demo.get("lora_rank", 0))
+    dtype = _resolved_precision(str(p.demo.get("precision", "float32")))
+    base_test = evaluate(p, str(base), folder / "eval-base", seed, split.test)
+    points: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    for steps, lr in p.sweep:
+        name = f"s{steps}-lr{lr:g}"
+        t0 = time.perf_counter()
+        sft_on_chats(
+            base,
+            folder / name,
+            demos,
+            steps=steps,
+            seed=seed,
+            lr=lr,
+            batch_size=p.sft_batch_size,
+            lora_rank=lora,
+            dtype=dtype,
+            shared_prefix=int(p.demo.get("shared_prefix", 0)),
+            micro_batch_tokens=int(p.demo.get("micro_batch_tokens", 16_384)),
+            canonical=True,
+        )
+        sft_s = time.perf_counter() - t0
+        val = evaluate(p, str(folder / name), folder / f"eval-{name}", seed, split.val)
+        val_one = evaluate(p, str(folder / name), folder / f"eval-one-{name}", seed, split.val_one)
+        point = {"steps": steps, "lr": lr, "val": val, "val_one": val_one, "sft_s": sft_s, "name": name}
+        points.append(point)
+        print(
+            f"seed {seed} SFT {name}: validation {val:.2f} (one operation {val_one:.2f}) in {sft_s:.0f} s", flush=True
+        )
+        # the best two-operation validation score; then the best imitation of the demonstrations (one
+        # operation), since no SFT model may solve a two-operation question; then the cheaper point
+        if best is None or (val, val_one) > (best["val"], best["val_one"]):
+            if best is not None:
+                shutil.rmtree(folder / best["name"], ignore_errors=True)
+            best = point
+        else:
+            shutil.rmtree(folder / name, ignore_errors=True)
+    assert best is not None
+    (folder / "best").unlink(missing_ok=True)
+    (folder / "best").symlink_to(best["name"])
+    best_test = evaluate(p, str(folder / best["name"]), folder / "eval-best", seed, split.test)
+    return {"seed": seed, "sweep": points, "best": best, "base_test": base_test, "best_test": best_test}
+
+
+def child_arm(p: Preset, out: Path, seed: int, arm: str, budget_s: float) -> dict[str, Any]:
+    """One RL arm (b-f) from the seed's best SFT, for ``budget_s`` seconds of training."""
+    from lightning_rl.algorithms.sft import SFT, SFTConfig
+    from lightning_rl.demo.calculator import calculator_agent
+    from lightning_rl.demo.two_step import two_step_splits
+    from lightning_rl.trainer import Trainer, TrainerConfig
+
+    start = (out / f"seed{seed}" / "sft" / "best").resolve()
+    if not start.exists():
+        raise SystemExit(f"no SFT checkpoint at {start}: run arm a for seed {seed} first")
+    run_dir = out / f"seed{seed}" / arm
+    shutil.rmtree(run_dir, ignore_errors=True)
+    split = two_step_splits(seed, n_demo=p.n_demo, n_train=p.n_train, n_val=p.n_val, n_test=p.n_test)
+    if arm == "b":
+        grpo = trainer_config(p, str(start), run_dir, seed, time_budget_s=budget_s, air={})
+        shared = {f.name: getattr(grpo, f.name) for f in dataclasses.fields(TrainerConfig)}
+        if p.rft_lr is not None:
+            shared["backend"] = dataclasses.replace(grpo.backend, lr=p.rft_lr)
+        algorithm: Trainer = SFT(SFTConfig(**{**shared, "update_rule": "sft"}, min_reward=1.0))
+    else:
+        algorithm = Trainer(trainer_config(p, str(start), run_dir, seed, time_budget_s=budget_s, **RL_OVERRIDES[arm]))
+    result = algorithm.fit(calculator_agent, split.train, split.test)
+    return {"seed": seed, "arm": arm, "before": result.val_before, "after": result.val_after}
+
+
+# --- the parent: run the children, gather, render ---------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One (arm, seed) of the table."""
+
+    arm: str
+    seed: int
+    before: float
+    after: float
+    train_s: float
+    """Training time (SFT steps for arm a; rollouts + updates for b-f), evaluations excluded."""
+    process_s: float
+    """The run's process, evaluations and start-up included."""
+    peak_gb: float
+    sequence_tokens: float | None = None
+    """Median over updates of the prompt + response tokens the update ran (before prefix sharing)."""
+    forward_tokens: float | None = None
+    """Median over updates of the padded tokens of every forward pass of the update."""
+    steps: int = 0
+    curve: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]])
+    """(training seconds since the start of SFT, held-out reward)."""
+    joins: dict[str, float] = field(default_factory=dict[str, float])
+
+    @property
+    def gain(self) -> float:
+        return self.after - self.before
+
+
+def _rows(metrics: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in rows if key in r]
+    return statistics.median(values) if values else None
+
+
+def arm_row(arm: str, seed: int, run_dir: Path, sft_s: float, process_s: float, peak_gb: float) -> Row:
+    """A row from an RL arm's ``metrics.jsonl``: the held-out curve placed on the training clock."""
+    rows = _rows(run_dir / "metrics.jsonl")
+    elapsed = {int(r["step"]): float(r["train/elapsed_s"]) for r in rows if "train/elapsed_s" in r}
+    elapsed[0] = 0.0
+    curve = [
+        (sft_s + elapsed.get(int(r["step"]), 0.0), float(r["val/reward_mean"])) for r in rows if "val/reward_mean" in r
+    ]
+    joins = {
+        k: sum(float(r.get(f"train/concat_{k}_joins", 0.0)) for r in rows) for k in ("canonical", "spliced", "split")
+    }
+    return Row(
+        arm,
+        seed,
+        curve[0][1],
+        curve[-1][1],
+        train_s=max(elapsed.values()),
+        process_s=process_s,
+        peak_gb=max(peak_gb, logged_peak_gb(run_dir / "metrics.jsonl")),
+        sequence_tokens=_median(rows, "train/sequence_tokens"),
+        forward_tokens=_median(rows, "train/forward_tokens"),
+        steps=max(elapsed),
+        curve=curve,
+        joins=joins if any(joins.values()) else {},
+    )
+
+
+def run_child(args: argparse.Namespace, out: Path, seed: int, arm: str) -> tuple[float, float]:
+    """Run ``--child`` for (seed, arm) in a fresh process; returns (wall seconds, peak RSS GB)."""
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        arm,
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--model",
+        args.model,
+        "--budget-min",
+        str(args.budget_min),
+    ]
+    cmd += ["--smoke"] if args.smoke else []
+    for name in ("sweep", "n_test", "n_val", "val_every", "max_steps"):
+        if getattr(args, name) is not None:
+            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    env = dict(os.environ)
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    log_path = out / f"seed{seed}-{arm}.log"
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with RssSampler(proc.pid) as rss:
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own resource usage
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"seed {seed} arm {arm} failed; see {log_path}")
+    return wall, max(usage.ru_maxrss / 1e6, rss.peak_gb)
+
+
+def gather(out: Path) -> tuple[list[Row], list[dict[str, Any]]]:
+    """Every finished run under ``out`` as rows, and every seed's SFT record (with its sweep)."""
+    rows: list[Row] = []
+    sfts: list[dict[str, Any]] = []
+    for seed_dir in sorted(out.glob("seed*")):
+        record_path = seed_dir / "sft" / "result.json"
+        if not record_path.exists():
+            continue
+        sft = json.loads(record_path.read_text())
+        sfts.append(sft)
+        seed, best = int(sft["seed"]), sft["best"]
+        rows.append(
+            Row(
+                "a",
+                seed,
+                sft["base_test"],
+                sft["best_test"],
+                best["sft_s"],
+                sft["process_s"],
+                sft["peak_gb"],
+                steps=best["steps"],
+                curve=[(0.0, sft["base_test"]), (best["sft_s"], sft["best_test"])],
+            )
+        )
+        for arm in ARMS:
+            done = seed_dir / arm / "run.json"
+            if arm != "a" and done.exists():
+                info = json.loads(done.read_text())
+                rows.append(arm_row(arm, seed, seed_dir / arm, best["sft_s"], info["process_s"], info["peak_gb"]))
+    return rows, sfts
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -> str:
+    """The markdown report: header, arms table, per-arm summary, c against a per seed, the SFT sweep."""
+    lines = [
+        f"Generated {header['date']} at commit `{header['commit']}` by `{header['command']}` ({header['machine']}).",
+        "",
+        "Task: two-operation calculator questions, demonstrations of one-operation ones only; "
+        f"model `{header['model']}`; held-out: {header['n_test']} two-operation tasks, greedy; "
+        f"RL arms: {header['budget_min']:g} min of training "
+        "each (evaluations excluded), from the seed's arm a.",
+        "",
+        "| arm | seed | held-out before | after | gain | train wall | process wall | steps | tokens / update "
+        "(sequence, forward) | peak memory |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(rows, key=lambda r: (r.arm, r.seed)):
+        tokens = f"{_num(r.sequence_tokens, '.0f')}, {_num(r.forward_tokens, '.0f')}" if r.arm != "a" else "-"
+        lines.append(
+            f"| {r.arm}: {ARMS[r.arm]} | {r.seed} | {r.before:.2f} | {r.after:.2f} | **{r.gain:+.2f}** | "
+            f"{r.train_s / 60:.1f} min | {r.process_s / 60:.1f} min | {r.steps} | {tokens} | {r.peak_gb:.1f} GB |"
+        )
+    lines.append("")
+    by_arm: dict[str, list[Row]] = {}
+    for r in rows:
+        by_arm.setdefault(r.arm, []).append(r)
+    for arm, members in sorted(by_arm.items()):
+        afters = [r.after for r in members]
+        lines.append(
+            f"Arm {arm} over {len(members)} seed(s): held-out after mean **{statistics.fmean(afters):.2f}** "
+            f"(min {min(afters):.2f}, max {max(afters):.2f})."
+        )
+    a = {r.seed: r.after for r in by_arm.get("a", [])}
+    c = {r.seed: r.after for r in by_arm.get("c", [])}
+    both = sorted(set(a) & set(c))
+    if both:
+        diffs = ", ".join(f"seed {s}: {c[s] - a[s]:+.2f}" for s in both)
+        lines.append(f"Arm c minus arm a, held-out: {diffs}.")
+    for r in by_arm.get("d", []):
+        if r.joins:
+            joined = ", ".join(f"{k} {v:.0f}" for k, v in r.joins.items())
+            lines.append(f"Arm d, seed {r.seed}: joins between consecutive calls: {joined} (lightning_rl.sequences).")
+    lines += [
+        "",
+        "SFT sweep (validation splits, greedy; the best two-operation score, ties broken by the one-operation "
+        "score, the imitation of the demonstrations; the best is arm a):",
+        "",
+        "| seed | steps | lr | validation (two operations) | validation (one operation) | SFT wall | chosen |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for sft in sfts:
+        for point in sft["sweep"]:
+            chosen = "yes" if point["name"] == sft["best"]["name"] else ""
+            one = _num(point.get("val_one"), ".2f")
+            lines.append(
+                f"| {sft['seed']} | {point['steps']} | {point['lr']:g} | {point['val']:.2f} | {one} | "
+                f"{point['sft_s']:.0f} s | {chosen} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[Row], path: Path) -> bool:
+    """Held-out reward over training time, one colour per arm, one line per seed; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours = dict(zip(ARMS, ("black", "tab:orange", "tab:blue", "tab:green", "tab:purple", "tab:red"), strict=True))
+    end = max((x for r in rows for x, _ in r.curve), default=1.0)
+    labelled: set[str] = set()
+    for r in sorted(rows, key=lambda r: (r.arm, r.seed)):
+        xs = [x / 60 for x, _ in r.curve]
+        ys = [y for _, y in r.curve]
+        label = None if r.arm in labelled else f"{r.arm}: {ARMS[r.arm]}"
+        labelled.add(r.arm)
+        ax.plot(xs, ys, marker="o", ms=3, lw=1, color=colours[r.arm], label=label)
+        if r.arm == "a":  # SFT only: its score holds for the rest of the clock
+            ax.hlines(ys[-1], xs[-1], end / 60, colors=colours["a"], linestyles="dashed", lw=0.8)
+    ax.set_xlabel("training time (minutes; SFT, then the arm; evaluations excluded)")
+    ax.set_ylabel("held-out reward (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Two-operation calculator: held-out reward per arm")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_report(out: Path, header: dict[str, Any]) -> str:
+    rows, sfts = gather(out)
+    if not rows:
+        raise SystemExit(f"no finished run under {out}")
+    text = table(rows, sfts, header)
+    (out / "beyond_imitation.md").write_text(text)
+    payload = {**header, "rows": [dataclasses.asdict(r) | {"gain": r.gain} for r in rows], "sft": sfts}
+    (out / "beyond_imitation.json").write_text(json.dumps(payload, indent=2))
+    plot(rows, out / "beyond_imitation.png")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny", help="tiny, smollm2-135m, or an HF folder")
+    ap.add_argument("--arms", default="a,b,c,d,e,f", help="arms to run, e.g. a,b,c,d (a always runs first)")
+    ap.add_argument("--seeds", default="0-2", help="seeds: 0-2, or 0,3")
+    ap.add_argument("--budget-min", type=float, default=15.0, help="training minutes of each RL arm (b-f)")
+    ap.add_argument("--out", default="runs/beyond_imitation", help="folder of the runs, table, json and plot")
+    ap.add_argument("--smoke", action="store_true", help="every arm on the tiny model with tiny settings (minutes)")
+    ap.add_argument("--sweep", default=None, help="SFT sweep as steps:lr pairs, e.g. 20:1e-3,40:1e-3,40:3e-4")
+    ap.add_argument("--n-test", type=int, default=None, help="held-out two-operation tasks (default 100)")
+    ap.add_argument("--n-val", type=int, default=None, help="validation tasks of the SFT sweep (default 50)")
+    ap.add_argument("--val-every", type=int, default=None, help="held-out evaluation every this many RL steps")
+    ap.add_argument("--max-steps", type=int, default=None, help="most RL steps of an arm (the budget usually ends it)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
+    ap.add_argument("--report", action="store_true", help="run nothing: re-render the table from --out")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.model = "tiny"
+        if args.budget_min == ap.get_default("budget_min"):
+            args.budget_min = 0.25
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    p = settings(args)
+    if args.child is not None:  # inside one run's own process
+        _quiet()
+        started = time.perf_counter()
+        if args.child == "a":
+            record = child_sft(p, out, args.seed)
+            path = out / f"seed{args.seed}" / "sft" / "result.json"
+        else:
+            record = child_arm(p, out, args.seed, args.child, args.budget_min * 60)
+            path = out / f"seed{args.seed}" / args.child / "result.json"
+        record["child_s"] = time.perf_counter() - started
+        path.write_text(json.dumps(record, indent=2))
+        return 0
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    header = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
+        "command": f"uv run python benchmarks/beyond_imitation.py {argv_text}".strip(),
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}; torch threads: "
+        + (str(args.threads) if args.threads else "default"),
+        "model": p.model,
+        "n_test": p.n_test,
+        "budget_min": args.budget_min,
+    }
+    if not args.report:
+        arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+        unknown = sorted(set(arms) - set(ARMS))
+        if unknown:
+            raise SystemExit(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
+        for seed in parse_seeds(args.seeds):
+            wall, peak = run_child(args, out, seed, "a")
+            record_path = out / f"seed{seed}" / "sft" / "result.json"
+            record = json.loads(record_path.read_text()) | {"process_s": wall, "peak_gb": peak}
+            record_path.write_text(json.dumps(record, indent=2))
+            print(
+                f"seed {seed} arm a: {record['base_test']:.2f} -> {record['best_test']:.2f} ({wall:.0f} s)", flush=True
+            )
+            for arm in [a for a in ARMS if a in arms and a != "a"]:
+                wall, peak = run_child(args, out, seed, arm)
+                run_dir = out / f"seed{seed}" / arm
+                (run_dir / "run.json").write_text(json.dumps({"process_s": wall, "peak_gb": peak}))
+                result = json.loads((run_dir / "result.json").read_text())
+                print(
+                    f"seed {seed} arm {arm}: {result['before']:.2f} -> {result['after']:.2f} ({wall:.0f} s)", flush=True
+                )
+    print(write_report(out, header))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""benchmarks/beyond_imitation.py: the table and plot it renders (on synthetic results: the figures
+below are made up), and its smoke configuration run for real on two arms (SFT and the concatenated
+GRPO arm) with the tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "beyond_imitation.py"
+
+
+def _module() -> ModuleType:
+    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling _common
+    try:
+        spec = importlib.util.spec_from_file_location("bench_beyond_imitation_under_test", SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+
+HEADER = {
+    "date": "2026-01-01 00:00 UTC",
+    "commit": "abc1234",
+    "command": "uv run python benchmarks/beyond_imitation.py --smoke",
+    "machine": "a CPU, 2 cores",
+    "model": "tiny",
+    "n_test": 100,
+    "budget_min": 15.0,
+}
+
+
+def _write_synthetic(out: Path) -> None:
+    seed_dir = out / "seed0"
+    sweep = [
+        {"steps": 20, "lr": 1e-3, "val": 0.10, "sft_s": 60.0, "name": "s20-lr0.001"},
+        {"steps": 40, "lr": 1e-3, "val": 0.20, "val_one": 0.9, "sft_s": 120.0, "name": "s40-lr0.001"},
+    ]
+    (seed_dir / "sft").mkdir(parents=True)
+    record = {"seed": 0, "sweep": sweep, "best": sweep[1], "base_test": 0.0, "best_test": 0.25}
+    (seed_dir / "sft" / "result.json").write_text(json.dumps(record | {"process_s": 300.0, "peak_gb": 1.5}))
+    for arm, after, joins in (("c", 0.55, False), ("d", 0.45, True)):
+        run = seed_dir / arm
+        run.mkdir()
+        rows = [{"step": 0, "val/reward_mean": 0.25}]
+        for step in (1, 2):
+            row = {"step": step, "train/elapsed_s": 100.0 * step, "train/step_s": 100.0, "mem/update_peak_gb": 2.0}
+            row |= {"train/sequence_tokens": 900.0 if arm == "c" else 500.0, "train/forward_tokens": 1200.0}
+            if joins:
+                row |= {"train/concat_canonical_joins": 5.0, "train/concat_spliced_joins": 1.0}
+            rows.append(row)
+        rows.append({"step": 2, "val/reward_mean": after})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "run.json").write_text(json.dumps({"process_s": 400.0, "peak_gb": 2.5}))
+
+
+def test_the_report_renders_every_arm_the_sweep_and_c_against_a(tmp_path: Path) -> None:
+    bench = _module()
+    _write_synthetic(tmp_path)
+    text = bench.write_report(tmp_path, HEADER)
+    assert text.startswith("Generated 2026-01-01 00:00 UTC at commit `abc1234` by `uv run python")
+    assert (
+        "| a: SFT only (best of the sweep) | 0 | 0.00 | 0.25 | **+0.25** | 2.0 min | 5.0 min | 40 | - | 1.5 GB |"
+        in text
+    )
+    assert (
+        "| c: SFT, then GRPO" in text
+        and "| 0.25 | 0.55 | **+0.30** | 3.3 min | 6.7 min | 2 | 900, 1200 | 2.5 GB |" in text
+    )
+    assert "Arm c minus arm a, held-out: seed 0: +0.30." in text
+    assert "joins between consecutive calls: canonical 10, spliced 2, split 0" in text
+    assert (
+        "| 0 | 40 | 0.001 | 0.20 | 0.90 | 120 s | yes |" in text and "| 0 | 20 | 0.001 | 0.10 | n/a | 60 s |  |" in text
+    )
+    payload = json.loads((tmp_path / "beyond_imitation.json").read_text())
+    curve = next(r["curve"] for r in payload["rows"] if r["arm"] == "c")
+    assert curve == [[120.0, 0.25], [320.0, 0.55]]  # the arm's clock starts where its SFT ended
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "beyond_imitation.png").stat().st_size > 0
+
+
+def test_a_sweep_is_read_from_the_command_line() -> None:
+    bench = _module()
+    assert bench.parse_sweep("40:1e-3, 80:3e-4") == ((40, 1e-3), (80, 3e-4))
+    with pytest.raises(SystemExit, match="steps:lr"):
+        bench.parse_sweep("40")
+
+
+@pytest.mark.slow
+def test_the_smoke_configuration_runs_sft_and_the_concatenated_arm(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    bench = _module()
+    out = tmp_path / "smoke"
+    assert bench.main(["--smoke", "--arms", "a,d", "--seeds", "0", "--out", str(out)]) == 0
+    text = (out / "beyond_imitation.md").read_text()
+    assert "| a: SFT only" in text and "| d: SFT, then GRPO on concatenated" in text
+    payload = json.loads((out / "beyond_imitation.json").read_text())
+    assert {r["arm"] for r in payload["rows"]} == {"a", "d"}
+    d = next(r for r in payload["rows"] if r["arm"] == "d")
+    assert 1 <= d["steps"] <= 3 and len(d["curve"]) >= 2
+    assert (out / "seed0" / "sft" / "best").is_dir()

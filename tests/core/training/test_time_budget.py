@@ -1,0 +1,62 @@
+"""``TrainerConfig.time_budget_s`` ends a run on training time (validation excluded), and
+``Trainer.evaluate`` scores a model without training it (the SFT sweep of benchmarks/beyond_imitation.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lightning_rl.agent import LLM
+from lightning_rl.backends.torch_backend import TorchBackendConfig
+from lightning_rl.trainer import Trainer, TrainerConfig
+from lightning_rl.types import Task
+
+
+async def echo_agent(task: dict[str, Any], llm: LLM) -> float:
+    client = llm.async_openai_client(max_retries=0)
+    try:
+        reply = await client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": task["q"]}], **dict(llm.sampling)
+        )
+    finally:
+        await client.close()
+    return (len(reply.choices[0].message.content or "") % 3) / 2
+
+
+def _config(tmp_path: Path, model: Path, **overrides: Any) -> TrainerConfig:
+    base: dict[str, Any] = {
+        "model": str(model),
+        "run_dir": str(tmp_path / "run"),
+        "steps": 50,
+        "batch_size": 2,
+        "group_size": 2,
+        "max_tokens": 6,
+        "val_every": 1,
+        "tensorboard": False,
+        "progress": False,
+        "backend": TorchBackendConfig(lr=1e-3),
+    }
+    return TrainerConfig(**{**base, **overrides})
+
+
+def test_the_time_budget_stops_training_and_still_validates_at_the_end(tmp_path: Path, tiny_model_path: Path) -> None:
+    tasks = [Task(input={"q": f"tell me about {w}"}) for w in ("cats", "rain", "tea")]
+    result = Trainer(_config(tmp_path, tiny_model_path, time_budget_s=1e-3)).fit(echo_agent, tasks, tasks[:2])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/elapsed_s" in r]
+    assert len(steps) == 1 and steps[0]["train/elapsed_s"] == pytest.approx(steps[0]["train/step_s"])
+    assert [r["step"] for r in rows if "val/reward_mean" in r] == [0.0, 1.0]  # before, and after the last step
+    assert result.val_after is not None
+    with pytest.raises(ValueError, match="time_budget_s"):
+        _config(tmp_path, tiny_model_path, time_budget_s=0.0)
+
+
+def test_evaluate_scores_the_model_without_training_it(tmp_path: Path, tiny_model_path: Path) -> None:
+    tasks = [Task(input={"q": f"tell me about {w}"}) for w in ("cats", "rain")]
+    score = Trainer(_config(tmp_path, tiny_model_path, val_temperature=0.0)).evaluate(echo_agent, tasks)
+    assert 0.0 <= score <= 1.0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["val/n_rollouts"] for r in rows] == [2.0] and not any("train/reward_mean" in r for r in rows)
