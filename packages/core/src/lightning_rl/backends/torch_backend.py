@@ -143,13 +143,12 @@ class TorchBackendConfig:
     """Which decoder layers get adapters (PEFT's ``layers_to_transform``): ``None``, every layer; a
     list, those indices; an int ``n``, the top ``n`` layers. Nothing below the lowest adapted layer
     needs a gradient, so the backward pass stops there and the forward below it keeps no
-    activations: on SmolLM2 (30 layers) a 120-transition demo update took 22.9 s and peaked at
-    3.6 GB with every layer adapted, 15.7 s and 2.7 GB with the top 15 (``benchmarks/roofline.py``
-    measures it; docs/models.md has the demo's learning with it)."""
+    activations (``benchmarks/update_levers.py`` measures the time and memory on SmolLM2;
+    docs/models.md has the demo's learning with it)."""
     kl_every: int = 1
     """With ``track_kl`` (and no ``kl_coef``), measure ``train/kl_to_start`` on every ``kl_every``-th
-    update only: it costs a no-grad forward over the batch, a third of a LoRA update's time (SmolLM2
-    demo: 22.9 s without it, 30.5 s with it). The penalty of ``kl_coef > 0`` is always computed."""
+    update only: it costs a no-grad forward over the batch, about a third of a LoRA update's time
+    (``benchmarks/update_levers.py``). The penalty of ``kl_coef > 0`` is always computed."""
     shared_prefix: int = 0
     """0 runs every sequence whole. ``n > 0``: when the prompts of a micro-batch start with the same
     ``n`` or more tokens (an agent's system prompt and tool list), that prefix is run once, with
