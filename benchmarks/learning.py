@@ -162,57 +162,55 @@ def table(results: list[RunResult], header: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: list[RunResult], path: Path) -> None:
+def _label(r: RunResult) -> str:
+    return f"seed {r.seed}" + (f" (run {r.repeat + 1})" if r.repeat else "")
+
+
+def _plot(
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    lines: list[tuple[str, list[float], list[float]]],
+    ylim: tuple[float, float] | None = None,
+) -> None:
+    """One figure of labelled lines, saved to ``path`` (nothing, with a note, without matplotlib)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
+        print(f"matplotlib is not installed: no {path.name} (pip install matplotlib)", file=sys.stderr)
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
-        steps, values = zip(*r.curve, strict=True)
-        ax.plot(steps, values, marker="o", label=f"seed {r.seed}" + (f" (run {r.repeat + 1})" if r.repeat else ""))
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("held-out reward (unseen tasks)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("lightning-rl demo: held-out reward per seed")
+    for label, xs, ys in lines:
+        ax.plot(xs, ys, marker="o" if len(xs) < 50 else None, lw=1.5 if len(xs) < 50 else 0.8, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot(results: list[RunResult], path: Path) -> None:
+    """Every run's held-out reward curve."""
+    lines = [(_label(r), [float(s) for s, _ in r.curve], [v for _, v in r.curve]) for r in results]
+    title, ylabel = "lightning-rl demo: held-out reward per seed", "held-out reward (unseen tasks)"
+    _plot(path, title, "GRPO step", ylabel, lines, ylim=(-0.02, 1.02))
 
 
 def plot_rss(results: list[RunResult], path: Path) -> None:
     """Every run's sampled resident memory over its wall time: where the peak sits in a run."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
-        if r.rss_trace:
-            seconds, gb = zip(*r.rss_trace, strict=True)
-            ax.plot(
-                [s / 60 for s in seconds],
-                gb,
-                lw=0.8,
-                label=f"seed {r.seed}" + (f" (run {r.repeat + 1})" if r.repeat else ""),
-            )
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("resident memory (GB, sampled every 0.25 s)")
-    ax.set_title("lightning-rl demo: memory over a run")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    lines = [
+        (_label(r), [t / 60 for t, _ in r.rss_trace], [gb for _, gb in r.rss_trace]) for r in results if r.rss_trace
+    ]
+    _plot(path, "lightning-rl demo: memory over a run", "minutes", "resident memory (GB, sampled every 0.25 s)", lines)
 
 
 def update_readme(readme: Path, text: str, block: str = DEFAULT_BLOCK) -> None:
