@@ -132,7 +132,7 @@ def test_tools_calls_and_results_render_in_the_trained_format_and_parse_back(eng
 
 
 @pytest.fixture
-async def served(engine: TransformersEngine) -> AsyncIterator[tuple[str, Any]]:
+async def served(engine: TransformersEngine) -> AsyncIterator[tuple[str, Any, Any]]:
     """A gateway with a store and one claimed attempt: (the attempt's base URL, the app)."""
     from lightning_rl.agent import rollout_base_url
     from lightning_rl.gateway import create_gateway_app
@@ -147,27 +147,27 @@ async def served(engine: TransformersEngine) -> AsyncIterator[tuple[str, Any]]:
     (claim,) = await store.claim("test-worker", n=1)
     app = create_gateway_app(engine, store=store)
     async with running_gateway(app) as url:
-        yield rollout_base_url(url, claim.rollout.id, claim.attempt.id, claim.attempt.gateway_key), app
+        yield rollout_base_url(url, claim.rollout.id, claim.attempt.id, claim.attempt.gateway_key), app, store
     await store.close()
 
 
-async def _call_spans(app: Any) -> list[Any]:
+async def _call_spans(app: Any, store: Any) -> list[Any]:
     from lightning_rl import semconv as sc
 
     gateway = app.state.gateway
     if gateway.writer is not None:
         await gateway.writer.flush(timeout=30)
-    return await gateway.store.query_spans(name=sc.SPAN_LLM_CALL)
+    return await store.query_spans(name=sc.SPAN_LLM_CALL)
 
 
 async def test_recorded_prompt_ids_are_kept_even_where_retokenising_differs(
-    engine: TransformersEngine, served: tuple[str, Any]
+    engine: TransformersEngine, served: tuple[str, Any, Any]
 ) -> None:
     import httpx
 
     from lightning_rl import semconv as sc
 
-    url, app = served
+    url, app, store = served
     # "hello" as two tokens: decodes to the same text as the one token BPE would choose
     split = engine.tokenizer.convert_tokens_to_ids(["hel", "lo"])
     canonical = engine.tokenizer.encode("hello", add_special_tokens=False)
@@ -177,7 +177,7 @@ async def test_recorded_prompt_ids_are_kept_even_where_retokenising_differs(
             f"{url}/completions", json={"model": "smollm2-135m", "prompt": split, "max_tokens": 2, "temperature": 0.0}
         )
     assert answer.status_code == 200, answer.text
-    (span,) = await _call_spans(app)
+    (span,) = await _call_spans(app, store)
     assert list(span.attributes[sc.PROMPT_TOKEN_IDS]) == split
 
 
@@ -251,7 +251,7 @@ async def test_one_update_step_moves_the_trained_tokens_logprobs_the_right_way(
 
 @pytest.mark.slow  # eight SFT steps over the whole tools prompt: the slowest test here
 async def test_a_taught_tool_call_is_sampled_parsed_and_recorded_with_the_exact_ids(
-    folder: Path, engine: TransformersEngine, served: tuple[str, Any]
+    folder: Path, engine: TransformersEngine, served: tuple[str, Any, Any]
 ) -> None:
     """Rendered -> sampled -> parsed -> recorded. The base model never writes a call on its own (it
     explains multiplication instead; benchmarks/smollm2.py), so a few SFT steps on the exact call
@@ -274,7 +274,7 @@ async def test_a_taught_tool_call_is_sampled_parsed_and_recorded_with_the_exact_
     original = {k: v.clone() for k, v in engine.model.state_dict().items()}
     await engine.load_weights(backend.state_dict_for_inference(), version=1)
     del backend
-    url, app = served
+    url, app, store = served
     client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
     try:
         response = await client.chat.completions.create(
@@ -290,7 +290,7 @@ async def test_a_taught_tool_call_is_sampled_parsed_and_recorded_with_the_exact_
     ]
     assert response.choices[0].finish_reason == "tool_calls" and message.content is None
 
-    (span,) = await _call_spans(app)
+    (span,) = await _call_spans(app, store)
     prompt_ids = list(span.attributes[sc.PROMPT_TOKEN_IDS])
     response_ids = list(span.attributes[sc.RESPONSE_TOKEN_IDS])
     assert prompt_ids == prompt
