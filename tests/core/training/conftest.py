@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from lightning_rl.agent import LLM
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -42,3 +44,15 @@ def sampled_transitions(engine: TransformersEngine, n: int = 8) -> list[Transiti
         ]
 
     return asyncio.run(run())
+
+
+async def length_agent(task: dict[str, Any], llm: LLM) -> float:
+    """One chat call; the reward depends on what was sampled (so a group has variance)."""
+    client = llm.async_openai_client(max_retries=0)
+    try:
+        reply = await client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": task["q"]}], **dict(llm.sampling)
+        )
+    finally:
+        await client.close()
+    return (len(reply.choices[0].message.content or "") % 5) / 4

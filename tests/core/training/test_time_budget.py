@@ -9,21 +9,11 @@ from typing import Any
 
 import pytest
 
-from lightning_rl.agent import LLM
 from lightning_rl.backends.torch_backend import TorchBackendConfig
 from lightning_rl.trainer import Trainer, TrainerConfig
 from lightning_rl.types import Task
 
-
-async def echo_agent(task: dict[str, Any], llm: LLM) -> float:
-    client = llm.async_openai_client(max_retries=0)
-    try:
-        reply = await client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": task["q"]}], **dict(llm.sampling)
-        )
-    finally:
-        await client.close()
-    return (len(reply.choices[0].message.content or "") % 3) / 2
+from .conftest import length_agent
 
 
 def _config(tmp_path: Path, model: Path, **overrides: Any) -> TrainerConfig:
@@ -44,7 +34,7 @@ def _config(tmp_path: Path, model: Path, **overrides: Any) -> TrainerConfig:
 
 def test_the_time_budget_stops_training_and_still_validates_at_the_end(tmp_path: Path, tiny_model_path: Path) -> None:
     tasks = [Task(input={"q": f"tell me about {w}"}) for w in ("cats", "rain", "tea")]
-    result = Trainer(_config(tmp_path, tiny_model_path, time_budget_s=1e-3)).fit(echo_agent, tasks, tasks[:2])
+    result = Trainer(_config(tmp_path, tiny_model_path, time_budget_s=1e-3)).fit(length_agent, tasks, tasks[:2])
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/elapsed_s" in r]
     assert len(steps) == 1 and steps[0]["train/elapsed_s"] == pytest.approx(steps[0]["train/step_s"])
@@ -56,7 +46,7 @@ def test_the_time_budget_stops_training_and_still_validates_at_the_end(tmp_path:
 
 def test_evaluate_scores_the_model_without_training_it(tmp_path: Path, tiny_model_path: Path) -> None:
     tasks = [Task(input={"q": f"tell me about {w}"}) for w in ("cats", "rain")]
-    score = Trainer(_config(tmp_path, tiny_model_path, val_temperature=0.0)).evaluate(echo_agent, tasks)
+    score = Trainer(_config(tmp_path, tiny_model_path, val_temperature=0.0)).evaluate(length_agent, tasks)
     assert 0.0 <= score <= 1.0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["val/n_rollouts"] for r in rows] == [2.0] and not any("train/reward_mean" in r for r in rows)

@@ -23,17 +23,7 @@ from lightning_rl.store.sqlite import SQLiteStore
 from lightning_rl.trainer import Trainer, TrainerConfig
 from lightning_rl.types import Task
 
-
-async def length_agent(task: dict[str, Any], llm: LLM) -> float:
-    """One chat call; the reward depends on what was sampled (so a group has variance)."""
-    client = llm.async_openai_client(max_retries=0)
-    try:
-        reply = await client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": task["q"]}], **dict(llm.sampling)
-        )
-    finally:
-        await client.close()
-    return (len(reply.choices[0].message.content or "") % 5) / 4
+from .conftest import length_agent
 
 
 def _config(tmp_path: Path, tiny_model_path: Path, **overrides: Any) -> TrainerConfig:
