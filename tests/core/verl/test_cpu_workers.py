@@ -12,6 +12,7 @@ machine, hence ``slow``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import secrets
 from pathlib import Path
@@ -34,8 +35,11 @@ from lightning_rl.types import Task, Transition  # noqa: E402
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "verl"
 
 
-async def char_count_agent(task: dict[str, Any], llm: LLM) -> float:
-    """One call; the reward (characters of the answer, mod 4) differs between samples of a group."""
+async def answer_hash_agent(task: dict[str, Any], llm: LLM) -> float:
+    """One call; the reward, a hash of the answer in [0, 1], differs between any two different answers.
+
+    (Characters mod 4, the reward before, tied across a whole group often enough that CI once saw a
+    step with no advantage to train on.)"""
     client = llm.async_openai_client(max_retries=0)
     try:
         reply = await client.chat.completions.create(
@@ -43,7 +47,8 @@ async def char_count_agent(task: dict[str, Any], llm: LLM) -> float:
         )
     finally:
         await client.close()
-    return (len(reply.choices[0].message.content or "") % 4) / 3
+    digest = hashlib.sha256((reply.choices[0].message.content or "").encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 0xFFFFFFFF
 
 
 def cpu_verl_config(model: Path, weights_dir: Path, world_size: int) -> Any:
@@ -165,7 +170,7 @@ async def test_verl_fsdp_actor_on_cpu_trains_two_lightning_steps_and_publishes(
                     old_logprobs=old_logprobs,
                     micro_batch_size=int(cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu),
                 )
-                await VerlTrainer(config, workers, backend_config).fit_async(char_count_agent, tasks)
+                await VerlTrainer(config, workers, backend_config).fit_async(answer_hash_agent, tasks)
                 step2 = await _trained_transitions(run_dir, version=3)
                 actor_after = await asyncio.to_thread(
                     VerlBackend(VerlWorkers(actor=workers.actor, dp_size=workers.dp_size), backend_config).logprobs,
