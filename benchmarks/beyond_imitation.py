@@ -73,6 +73,8 @@ class Preset:
     sft_batch_size: int = 8
     report_per_task: int = 1
     n_demo: int = 300
+    n_demo_two: int = 0
+    """Two-operation tasks whose demonstrations (every turn) join the one-operation ones (``--two-op-demos``)."""
     n_train: int = 300
     n_val: int = 50
     n_test: int = 100
@@ -142,6 +144,8 @@ def settings(args: argparse.Namespace) -> Preset:
     for name in ("n_test", "n_val", "val_every", "max_steps"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
+    if args.two_op_demos is not None:
+        changes["n_demo_two"] = args.two_op_demos
     return dataclasses.replace(p, **changes)
 
 
@@ -170,17 +174,26 @@ def evaluate(p: Preset, model: str, run_dir: Path, seed: int, tasks: list[Any]) 
     return Trainer(trainer_config(p, model, run_dir, seed)).evaluate(calculator_agent, tasks)
 
 
+def splits(p: Preset, seed: int) -> Any:
+    """The seed's ``TwoStepSplits`` at the preset's sizes."""
+    from lightning_rl.demo.two_step import two_step_splits
+
+    sizes = {"n_demo": p.n_demo, "n_train": p.n_train, "n_val": p.n_val, "n_test": p.n_test}
+    return two_step_splits(seed, **sizes, n_demo_two=p.n_demo_two)
+
+
 def child_sft(p: Preset, out: Path, seed: int) -> dict[str, Any]:
     """Arm a: the sweep, each point scored on the validation split; the best is kept as ``best/``."""
     from lightning_rl.demo.run import _resolved_precision  # pyright: ignore[reportPrivateUsage]
-    from lightning_rl.demo.two_step import chats, one_step_demonstrations, two_step_splits
+    from lightning_rl.demo.two_step import chats, one_step_demonstrations, two_step_demonstrations
     from lightning_rl.engine.models import resolve_model
     from lightning_rl.trainer.warm_start import sft_on_chats
 
     folder = out / f"seed{seed}" / "sft"
     folder.mkdir(parents=True, exist_ok=True)
-    split = two_step_splits(seed, n_demo=p.n_demo, n_train=p.n_train, n_val=p.n_val, n_test=p.n_test)
-    demos = chats(one_step_demonstrations(split.demo, seed=seed, report_per_task=p.report_per_task))
+    split = splits(p, seed)
+    one = one_step_demonstrations(split.demo, seed=seed, report_per_task=p.report_per_task)
+    demos = chats([*one, *two_step_demonstrations(split.demo_two)])
     base = resolve_model(p.model)
     lora = int(p.demo.get("lora_rank", 0))
     dtype = _resolved_precision(str(p.demo.get("precision", "float32")))
@@ -231,7 +244,6 @@ def child_arm(p: Preset, out: Path, seed: int, arm: str, budget_s: float) -> dic
     """One RL arm (b-f) from the seed's best SFT, for ``budget_s`` seconds of training."""
     from lightning_rl.algorithms.sft import SFT, SFTConfig
     from lightning_rl.demo.calculator import calculator_agent
-    from lightning_rl.demo.two_step import two_step_splits
     from lightning_rl.trainer import Trainer, TrainerConfig
 
     start = (out / f"seed{seed}" / "sft" / "best").resolve()
@@ -239,7 +251,7 @@ def child_arm(p: Preset, out: Path, seed: int, arm: str, budget_s: float) -> dic
         raise SystemExit(f"no SFT checkpoint at {start}: run arm a for seed {seed} first")
     run_dir = out / f"seed{seed}" / arm
     shutil.rmtree(run_dir, ignore_errors=True)
-    split = two_step_splits(seed, n_demo=p.n_demo, n_train=p.n_train, n_val=p.n_val, n_test=p.n_test)
+    split = splits(p, seed)
     if arm == "b":
         grpo = trainer_config(p, str(start), run_dir, seed, time_budget_s=budget_s, air={})
         shared = {f.name: getattr(grpo, f.name) for f in dataclasses.fields(TrainerConfig)}
@@ -335,7 +347,7 @@ def run_child(args: argparse.Namespace, out: Path, seed: int, arm: str) -> tuple
         str(args.budget_min),
     ]
     cmd += ["--smoke"] if args.smoke else []
-    for name in ("sweep", "n_test", "n_val", "val_every", "max_steps"):
+    for name in ("sweep", "n_test", "n_val", "val_every", "max_steps", "two_op_demos"):
         if getattr(args, name) is not None:
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     env = dict(os.environ)
@@ -390,12 +402,18 @@ def _num(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
+def _demonstrated(header: dict[str, Any]) -> str:
+    one = f"{header.get('n_demo', 300)} one-operation questions"
+    two = int(header.get("n_demo_two", 0))
+    return f"{one} and {two} two-operation ones" if two else f"{one} only"
+
+
 def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -> str:
     """The markdown report: header, arms table, per-arm summary, c against a per seed, the SFT sweep."""
     lines = [
         f"Generated {header['date']} at commit `{header['commit']}` by `{header['command']}` ({header['machine']}).",
         "",
-        "Task: two-operation calculator questions, demonstrations of one-operation ones only; "
+        "Task: two-operation calculator questions; demonstrations: " + _demonstrated(header) + "; "
         f"model `{header['model']}`; held-out: {header['n_test']} two-operation tasks, greedy; "
         f"RL arms: {header['budget_min']:g} min of training "
         "each (evaluations excluded), from the seed's arm a.",
@@ -508,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-val", type=int, default=None, help="validation tasks of the SFT sweep (default 50)")
     ap.add_argument("--val-every", type=int, default=None, help="held-out evaluation every this many RL steps")
     ap.add_argument("--max-steps", type=int, default=None, help="most RL steps of an arm (the budget usually ends it)")
+    ap.add_argument(
+        "--two-op-demos",
+        type=int,
+        default=None,
+        help="two-operation tasks demonstrated (every turn) among the one-operation ones (default 0: none)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
     ap.add_argument("--report", action="store_true", help="run nothing: re-render the table from --out")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -541,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         + (str(args.threads) if args.threads else "default"),
         "model": p.model,
         "n_test": p.n_test,
+        "n_demo": p.n_demo,
+        "n_demo_two": p.n_demo_two,
         "budget_min": args.budget_min,
     }
     if not args.report:

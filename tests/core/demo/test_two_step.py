@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lightning_rl.demo.calculator import _Operands, score_answer  # pyright: ignore[reportPrivateUsage]
-from lightning_rl.demo.two_step import chats, make_chained_tasks, one_step_demonstrations, two_step_splits
+from lightning_rl.demo.two_step import (
+    chats,
+    make_chained_tasks,
+    one_step_demonstrations,
+    two_step_demonstrations,
+    two_step_splits,
+)
 from lightning_rl.engine.toolcalls import parse_tool_calls
 
 
@@ -44,6 +52,32 @@ def test_splits_are_disjoint_and_the_demonstrations_never_call_twice() -> None:
     messages, tools, _ = chats(demos[:1])[0]
     assert tools is not None and "previous result" in tools[0]["function"]["description"]
     assert messages[-1]["content"] == split.demo[0].input["question"]
+
+
+def test_a_few_two_operation_demonstrations_show_every_turn_and_leave_the_other_splits_alone() -> None:
+    plain = two_step_splits(2, n_demo=20, n_train=30, n_val=10, n_test=20)
+    split = two_step_splits(2, n_demo=20, n_train=30, n_val=10, n_test=20, n_demo_two=5)
+    assert (split.train, split.val, split.test, split.demo) == (plain.train, plain.val, plain.test, plain.demo)
+    assert plain.demo_two == [] and len(split.demo_two) == 5
+    assert not {t.id for t in split.demo_two} & {t.id for t in split.train + split.val + split.test}
+    demos = two_step_demonstrations(split.demo_two)
+    assert len(demos) == 3 * 5  # first call, second call, report
+    task = split.demo_two[0].input
+    first, second, report = demos[:3]
+    calls = [parse_tool_calls(d.completion).tool_calls for d in (first, second)]
+    assert [json.loads(c[0].arguments) for c in calls] == [{"operation": op} for op in task["operations"]]
+    # the second call follows the tool's result of the first, as the chained calculator computes it
+    chained = _Operands(task)
+    assert second.messages[-1] == {
+        "role": "tool",
+        "tool_call_id": "call_0",
+        "content": chained.apply(task["operations"][0]),
+    }
+    assert report.messages[-1]["content"] == chained.apply(task["operations"][1]) == str(task["answer"])
+    assert (
+        report.completion == f"The answer is {task['answer']}."
+        and score_answer(report.completion, task["answer"]) == 1.0
+    )
 
 
 def test_the_chained_calculator_uses_each_number_once_in_order() -> None:

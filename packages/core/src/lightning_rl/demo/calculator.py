@@ -43,6 +43,8 @@ __all__ = [
     "demonstrations",
     "reporting_demonstrations",
     "Demonstration",
+    "after_tool_call",
+    "tool_call_text",
     "score_answer",
 ]
 
@@ -198,9 +200,8 @@ def demonstrations(tasks: Sequence[Task], *, tool_rate: float, seed: int) -> lis
         answer = int(data["answer"])
         if rng.random() < tool_rate:
             arguments = json.dumps({"operation": data["operation"]})
-            call = f'<tool_call>{{"name": "calculator", "arguments": {arguments}}}</tool_call>'
-            out.append(Demonstration(base, call))
-            out.append(Demonstration(_after_tool_call(base, arguments, answer), f"The answer is {answer}."))
+            out.append(Demonstration(base, tool_call_text(arguments)))
+            out.append(Demonstration(after_tool_call(base, arguments, answer), f"The answer is {answer}."))
         else:
             guess = answer + rng.choice([-1, 1]) * rng.randint(1, 9)
             out.append(Demonstration(base, f"I think it is {guess}."))
@@ -228,16 +229,23 @@ def reporting_demonstrations(
         for _ in range(per_task):
             result = rng.choice((-1, 1, 1, 1)) * rng.randint(0, 10 ** rng.randint(1, max_digits))
             base = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": data["question"]}]
-            history = _after_tool_call(base, arguments, result)
+            history = after_tool_call(base, arguments, result)
             out.append(Demonstration(history, f"The answer is {result}."))
     return out
 
 
-def _after_tool_call(base: list[dict[str, Any]], arguments: str, result: int) -> list[dict[str, Any]]:
-    """``base`` followed by the assistant's calculator call and the tool's ``result``."""
-    call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+def tool_call_text(arguments: str) -> str:
+    """A calculator call as the demonstrations write it (``sft_on_chats(canonical=True)`` re-renders it
+    the way the chat template writes tool calls back)."""
+    return f'<tool_call>{{"name": "calculator", "arguments": {arguments}}}</tool_call>'
+
+
+def after_tool_call(base: list[dict[str, Any]], arguments: str, result: int, *, index: int = 0) -> list[dict[str, Any]]:
+    """``base`` followed by the assistant's calculator call (id ``call_<index>``) and the tool's ``result``."""
+    call_id = f"call_{index}"
+    call = {"id": call_id, "type": "function", "function": {"name": "calculator", "arguments": arguments}}
     return [
         *base,
         {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_0", "content": str(result)},
+        {"role": "tool", "tool_call_id": call_id, "content": str(result)},
     ]

@@ -21,16 +21,22 @@ validation (for choosing the SFT's steps and learning rate) and held-out test ta
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lightning_rl.demo.calculator import (
     CHAINED_CALCULATOR_TOOL,
+    SYSTEM_PROMPT,
     Demonstration,
+    after_tool_call,
     calculator,
     demonstrations,
     reporting_demonstrations,
+    tool_call_text,
 )
 from lightning_rl.trainer.warm_start import ChatDemo
 from lightning_rl.types import Task
@@ -40,6 +46,7 @@ __all__ = [
     "make_chained_tasks",
     "two_step_splits",
     "one_step_demonstrations",
+    "two_step_demonstrations",
     "chats",
 ]
 
@@ -113,17 +120,26 @@ class TwoStepSplits:
     val: list[Task]
     test: list[Task]
     val_one: list[Task]
+    demo_two: list[Task] = dataclasses.field(default_factory=list[Task])
+    """Two-operation tasks the (few) two-operation demonstrations are written from, outside every other
+    split; empty unless ``two_step_splits(n_demo_two=...)`` asks for some."""
 
 
 def two_step_splits(
-    seed: int, *, n_demo: int = 300, n_train: int = 300, n_val: int = 50, n_test: int = 100
+    seed: int, *, n_demo: int = 300, n_train: int = 300, n_val: int = 50, n_test: int = 100, n_demo_two: int = 0
 ) -> TwoStepSplits:
     """The splits of ``seed`` (see ``TwoStepSplits``; ``val_one`` has ``n_val`` tasks); the same seed gives
-    the same tasks."""
+    the same tasks, and ``n_demo_two`` leaves the other splits as they are (they are drawn first)."""
     one = make_chained_tasks(n_demo + n_val, operations=1, seed=seed)
-    two = make_chained_tasks(n_train + n_val + n_test, operations=2, seed=seed + 10_000)
+    n_two = n_train + n_val + n_test
+    two = make_chained_tasks(n_two + n_demo_two, operations=2, seed=seed + 10_000)
     return TwoStepSplits(
-        one[:n_demo], two[:n_train], two[n_train : n_train + n_val], two[n_train + n_val :], one[n_demo:]
+        one[:n_demo],
+        two[:n_train],
+        two[n_train : n_train + n_val],
+        two[n_train + n_val : n_two],
+        one[n_demo:],
+        two[n_two:],
     )
 
 
@@ -135,6 +151,28 @@ def one_step_demonstrations(tasks: Sequence[Task], *, seed: int, report_per_task
     expert = demonstrations(tasks, tool_rate=1.0, seed=seed)
     reports = reporting_demonstrations(tasks, per_task=report_per_task, seed=seed) if report_per_task else []
     return [*expert, *reports]
+
+
+def two_step_demonstrations(tasks: Sequence[Task]) -> list[Demonstration]:
+    """The expert's demonstrations of two-operation ``tasks``, every turn of them: call the calculator
+    with the first operation; after its result, call it with the second; after that result, report it.
+    Benchmarks mix a few of these into the one-operation ones (``beyond_imitation.py --two-op-demos``):
+    the skill is then shown, but rarely, which is how an agent's logs usually cover a harder case."""
+    out: list[Demonstration] = []
+    for task in tasks:
+        data: dict[str, Any] = task.input
+        first, second = (json.dumps({"operation": op}) for op in data["operations"])
+        numbers = [int(x) for x in data["operands"]]
+        middle = int(calculator(data["operations"][0], numbers[0], numbers[1]))
+        base = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": data["question"]}]
+        after_first = after_tool_call(base, first, middle)
+        after_second = after_tool_call(after_first, second, int(data["answer"]), index=1)
+        out += [
+            Demonstration(base, tool_call_text(first)),
+            Demonstration(after_first, tool_call_text(second)),
+            Demonstration(after_second, f"The answer is {data['answer']}."),
+        ]
+    return out
 
 
 def chats(demos: Sequence[Demonstration]) -> list[ChatDemo]:
