@@ -48,7 +48,8 @@ from lightning_rl.errors import (
     StoreUnavailableError,
     error_from_status,
 )
-from lightning_rl.store.base import LightningStore, attempt_timeout, check_reward
+from lightning_rl.store._rules import attempt_timeout, check_reward
+from lightning_rl.store.base import LightningStore
 from lightning_rl.types import (
     Attempt,
     AttemptStatus,

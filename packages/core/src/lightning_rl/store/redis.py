@@ -10,7 +10,7 @@ Why it looks like this:
   once). Everything else (finish, heartbeat, cancel, expiry, enqueue, prune) changes one rollout or a
   few at a time and runs as an **optimistic transaction** (``WATCH`` the keys, read, decide in
   Python, ``MULTI``/``EXEC``; started over if a watched key changed), so *what* happens is decided
-  by ``store.base`` and ``store._sql``, the very functions the other backends call.
+  by ``store._rules``, the very functions the other backends call.
 * **Few round trips.** redis-py provides the connection pool and the protocol; the store sends its
   commands in batches on one connection (``WATCH`` with the reads it guards, then ``MULTI`` … ``EXEC``
   with all the writes), so a finish is three round trips and a claim or a span batch one.
@@ -112,7 +112,7 @@ while i < n do
     local aid, gkey = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
     local number = redis.call('HINCRBY', rkey, 'attempt_count', 1)
     redis.call('HSET', rkey, 'status', '"running"', 'updated_at', t)
-    -- attempt_timeout and attempt_deadline of store.base, on the values enqueue stored for them
+    -- attempt_timeout and attempt_deadline of store._rules, on the values enqueue stored for them
     local tmo = redis.call('HGET', rkey, '_tmo')
     if tmo == 'null' then tmo = worker_tmo end
     local deadline = tnum + tonumber(redis.call('HGET', rkey, '_hb'))
