@@ -530,9 +530,6 @@ class StoreClient:
         ClaimList,
         check=lambda a: attempt_timeout(RolloutConfig(), a["timeout_s"]),
     ).call
-    """Claim up to ``n`` rollouts. Retried like every call; if a response is lost, the attempts it
-    opened are orphaned and the store times them out through their heartbeat deadline (the rollout's
-    ``heartbeat_timeout_s`` or the store's default), then requeues them."""
     heartbeat = Route(LightningStore.heartbeat, "POST", "/attempts/{id}/heartbeat", None, Attempt).call
     finish_attempt = Route(
         LightningStore.finish_attempt,
