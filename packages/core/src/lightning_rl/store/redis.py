@@ -501,14 +501,16 @@ class RedisStore(StoreCore):
             (page,) = await self._read(("ZRANGE", self._k("rollouts"), offset, offset + limit - 1))
             return [r for r in await self._rollouts(page) if r is not None]
         found: list[Rollout] = []
-        start, chunk = 0, 1000
-        while len(found) < offset + limit:
+        skip, start, chunk = offset, 0, 1000
+        while len(found) < limit:
             (some,) = await self._read(("ZRANGE", self._k("rollouts"), start, start + chunk - 1))
             if not some:
                 break
             start += chunk
-            found += [r for r in await self._rollouts(some) if r is not None and query.matches(r)]
-        return found[offset : offset + limit]
+            matches = [r for r in await self._rollouts(some) if r is not None and query.matches(r)]
+            found += matches[skip:]  # the skipped ones are never kept: an offset costs no memory
+            skip = max(skip - len(matches), 0)
+        return found[:limit]
 
     async def _get_attempt(self, attempt_id: str) -> Attempt | None:
         await self._expire_due()
