@@ -2,7 +2,7 @@
 
 Random sequences of enqueue (new and re-sent ids), claim, heartbeat, finish (every status, on live
 and on dead attempts), cancel, expire (the clock moved past every deadline) and add_spans (new and
-re-sent) are applied both to the store and to a model of the rules in ``lightning_rl.store.base``.
+re-sent) are applied both to the store and to a model of the rules in ``lightning_rl.store._rules``.
 After every step the store must agree with the model, and hold the invariants no sequence may break:
 a rollout has at most one running attempt and it has one exactly when it is running; an ended
 rollout has no running attempt; no rollout has two succeeded attempts; claims never hand out a

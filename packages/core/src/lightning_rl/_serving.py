@@ -36,6 +36,7 @@ from functools import partial
 from typing import Any, Protocol, cast
 
 __all__ = [
+    "uvicorn_config",
     "wait_until_serving",
     "send_json",
     "content_length",
@@ -54,6 +55,25 @@ TESTED_UVICORN: tuple[tuple[int, int], tuple[int, int]] = ((0, 54), (0, 55))
 STOCK_UVICORN_ENV = "LIGHTNING_STOCK_UVICORN"
 """Set to ``1`` to serve with uvicorn's own protocol class (no fast path, no coalesced writes)."""
 _warned: set[str] = set()
+
+
+def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> Any:
+    """A ``uvicorn.Config`` for ``app`` with the serving defaults of the gateway and the store server
+    (``options`` override them): ``http_protocol()``, no access log, no ``date``/``server`` headers
+    and no proxy-header rewriting, which neither ever needs."""
+    import uvicorn
+
+    settings: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "lifespan": "on",
+        "http": http_protocol(),
+        "server_header": False,
+        "date_header": False,
+        "proxy_headers": False,
+    }
+    settings.update(options)
+    return uvicorn.Config(app, host=host, port=port, **settings)
 
 
 async def wait_until_serving(server: Any, task: asyncio.Task[Any], host: str, what: str) -> str:

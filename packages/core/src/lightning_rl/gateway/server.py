@@ -2,9 +2,10 @@
 
 Tests, examples and the trainer start a gateway next to their own async code; running uvicorn as a
 task of the current loop (instead of a thread or a subprocess) keeps the engine, the store and the
-agent on one loop and makes start-up and shutdown deterministic. ``uvicorn_config`` is what every
-gateway process uses: the serving protocol of ``lightning_rl._serving`` (coalesced writes, the fast
-path), without the ``date``/``server`` headers and proxy-header rewriting the gateway never needs.
+agent on one loop and makes start-up and shutdown deterministic. ``uvicorn_config`` (from
+``lightning_rl._serving``, shared with the store server) is what every gateway process uses: the
+serving protocol there (coalesced writes, the fast path), without the ``date``/``server`` headers
+and proxy-header rewriting the gateway never needs.
 """
 
 from __future__ import annotations
@@ -16,30 +17,13 @@ from collections.abc import AsyncGenerator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from lightning_rl._serving import http_protocol, wait_until_serving
+from lightning_rl._serving import uvicorn_config, wait_until_serving
 from lightning_rl.gateway.inprocess import serving_in_process
 
 __all__ = ["running_gateway", "uvicorn_config", "run_server", "freeze_startup_heap"]
 
 _T = TypeVar("_T")
 _YOUNG_THRESHOLD = 20_000
-
-
-def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> Any:
-    """A ``uvicorn.Config`` for ``app`` with the gateway's defaults (``options`` override them)."""
-    import uvicorn
-
-    settings: dict[str, Any] = {
-        "log_level": "warning",
-        "access_log": False,
-        "lifespan": "on",
-        "http": http_protocol(),
-        "server_header": False,
-        "date_header": False,
-        "proxy_headers": False,
-    }
-    settings.update(options)
-    return uvicorn.Config(app, host=host, port=port, **settings)
 
 
 def freeze_startup_heap() -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lightning_rl.store import _rules as rules
-from lightning_rl.store.base import check_batch, check_page, now
+from lightning_rl.store.base import now
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
     Attempt,
@@ -175,7 +175,7 @@ class StoreCore(ABC):
 
     # --- rollouts ---------------------------------------------------------------------------
     async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        check_batch("enqueue", len(requests))
+        rules.check_batch("enqueue", len(requests))
         if not requests:
             return []
         return rules.unshared(await self._insert_rollouts([rules.normalised(r) for r in requests]))
@@ -205,7 +205,7 @@ class StoreCore(ABC):
         return rollout
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        check_batch("cancel", len(rollout_ids))
+        rules.check_batch("cancel", len(rollout_ids))
         if not rollout_ids:
             return []
         t = now()
@@ -227,7 +227,7 @@ class StoreCore(ABC):
         limit: int = 1000,
         offset: int = 0,
     ) -> list[Rollout]:
-        check_page(limit, offset)
+        rules.check_page(limit, offset)
         query = RolloutQuery(
             ids=None if ids is None else tuple(dict.fromkeys(ids)),
             statuses=None if status is None else tuple(dict.fromkeys(status)),
@@ -286,7 +286,7 @@ class StoreCore(ABC):
 
     # --- spans ------------------------------------------------------------------------------
     async def add_spans(self, spans: Sequence[Span]) -> int:
-        check_batch("add_spans", len(spans))
+        rules.check_batch("add_spans", len(spans))
         if not spans:
             return 0
         return await self._insert_spans(list(spans))
@@ -300,7 +300,7 @@ class StoreCore(ABC):
         limit: int = 10_000,
         offset: int = 0,
     ) -> list[Span]:
-        check_page(limit, offset)
+        rules.check_page(limit, offset)
         return await self._select_spans(SpanQuery(rollout_id, attempt_id, name, limit, offset))
 
     # --- resources --------------------------------------------------------------------------

@@ -1,29 +1,21 @@
 """What the store's operations *do*, as plain functions over the pydantic models.
 
 Every backend's primitives load rows, call these functions, and save the changed models back, so a
-claim, a finish, a cancel or an expiry means the same on every backend (``store.base`` holds the
-decisions these steps build on: ``attempt_outcome``, deadlines, timeouts). The argument checks and
-error messages every backend shares are here too.
+claim, a finish, a cancel or an expiry means the same on every backend: ``attempt_outcome`` alone
+decides what an ending attempt does to its rollout, ``attempt_deadline`` when an attempt times out.
+The argument checks and error messages every backend (and the HTTP client) shares are here too.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TypeVar
 
 from pydantic import BaseModel
 
 from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
-from lightning_rl.store.base import (
-    attempt_deadline,
-    attempt_outcome,
-    attempt_timeout,
-    check_batch,
-    check_reward,
-    expiry_reason,
-    same_request,
-    set_rollout_status,
-)
+from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, MAX_BATCH, MAX_PAGE
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
     Attempt,
@@ -41,6 +33,13 @@ from lightning_rl.types import (
 
 __all__ = [
     "WAITING",
+    "attempt_outcome",
+    "attempt_timeout",
+    "attempt_deadline",
+    "expiry_reason",
+    "check_batch",
+    "check_page",
+    "check_reward",
     "normalised",
     "plan_enqueue",
     "check_resend",
@@ -65,8 +64,97 @@ M = TypeVar("M", bound=BaseModel)
 
 
 # --------------------------------------------------------------------------------------------
+# Decisions
+# --------------------------------------------------------------------------------------------
+
+
+def attempt_outcome(
+    rollout: Rollout,
+    attempt_status: AttemptStatus,
+    reason: RetryReason | None,
+    error: str | None,
+) -> tuple[RolloutStatus, str | None]:
+    """The rollout's next status (and error) when its current attempt ends.
+
+    ``reason`` is ``heartbeat`` when the store declared the worker lost. A retryable ending with
+    attempts left requeues the rollout; otherwise the rollout ends: a lost worker ends it ``failed``
+    (the work itself did not run out of time), a timeout ends it ``timed_out``.
+    """
+    if attempt_status is AttemptStatus.SUCCEEDED:
+        return RolloutStatus.SUCCEEDED, None
+    if attempt_status is AttemptStatus.CANCELLED:
+        return RolloutStatus.CANCELLED, error
+    retry_reason: RetryReason = reason or ("timed_out" if attempt_status is AttemptStatus.TIMED_OUT else "failed")
+    if retry_reason in rollout.config.retry_on and rollout.attempt_count < rollout.config.max_attempts:
+        return RolloutStatus.REQUEUED, error
+    if rollout.attempt_count > 1:
+        error = f"gave up after {rollout.attempt_count} attempts; last: {error}"
+    if retry_reason == "heartbeat" or attempt_status is AttemptStatus.FAILED:
+        return RolloutStatus.FAILED, error
+    return RolloutStatus.TIMED_OUT, error
+
+
+def attempt_timeout(config: RolloutConfig, worker_timeout_s: float | None) -> float | None:
+    """An attempt's wall-clock limit: the rollout's ``timeout_s``, else the claiming worker's."""
+    if worker_timeout_s is not None and not (math.isfinite(worker_timeout_s) and worker_timeout_s > 0):
+        raise InvalidRequestError(f"claim timeout_s must be a positive number of seconds, got {worker_timeout_s}.")
+    return config.timeout_s if config.timeout_s is not None else worker_timeout_s
+
+
+def _heartbeat_timeout(config: RolloutConfig) -> float:
+    hb = config.heartbeat_timeout_s
+    return hb if hb is not None else DEFAULT_HEARTBEAT_TIMEOUT_S
+
+
+def attempt_deadline(
+    config: RolloutConfig, started_at: float, heartbeat_at: float, timeout_s: float | None = None
+) -> float:
+    """The earliest time the store must time out an attempt.
+
+    Every attempt has one: the heartbeat rule (the config's ``heartbeat_timeout_s`` or
+    ``DEFAULT_HEARTBEAT_TIMEOUT_S``) always applies, and ``timeout_s`` (the attempt's own limit,
+    see ``attempt_timeout``) may end it sooner.
+    """
+    deadline = heartbeat_at + _heartbeat_timeout(config)
+    if timeout_s is not None:
+        deadline = min(deadline, started_at + timeout_s)
+    return deadline
+
+
+def expiry_reason(config: RolloutConfig, attempt: Attempt, now: float) -> tuple[RetryReason, str]:
+    """Why an attempt past its deadline expired, with a message that says what happened."""
+    timeout = attempt.timeout_s
+    if timeout is not None and now >= attempt.started_at + timeout:
+        whose = "rollout" if config.timeout_s is not None else "worker's (--timeout)"
+        return "timed_out", f"attempt ran past the {whose} timeout of {timeout:g} s"
+    hb = _heartbeat_timeout(config)
+    return "heartbeat", f"worker {attempt.worker_id} sent no heartbeat for {hb:g} s (worker lost?)"
+
+
+# --------------------------------------------------------------------------------------------
 # Checks
 # --------------------------------------------------------------------------------------------
+
+
+def check_batch(what: str, n: int) -> None:
+    if n > MAX_BATCH:
+        raise InvalidRequestError(f"{what}: {n} items in one call; send at most {MAX_BATCH} per call.")
+
+
+def check_page(limit: int, offset: int) -> None:
+    if not 0 < limit <= MAX_PAGE:
+        raise InvalidRequestError(f"limit must be between 1 and {MAX_PAGE}, got {limit}.")
+    if offset < 0:
+        raise InvalidRequestError(f"offset must be >= 0, got {offset}.")
+
+
+def check_reward(reward: float | None) -> None:
+    """Refuse a reward that is not a finite number: NaN or infinity would be stored as null next to
+    a ``succeeded`` status, and would poison every advantage of its group."""
+    if reward is not None and not math.isfinite(reward):
+        raise InvalidRequestError(
+            f"reward must be a finite number, got {reward!r}; clip or replace NaN/inf before finishing the attempt."
+        )
 
 
 def normalised(request: RolloutRequest) -> RolloutRequest:
@@ -76,8 +164,9 @@ def normalised(request: RolloutRequest) -> RolloutRequest:
 
 
 def check_resend(stored: Rollout, request: RolloutRequest) -> None:
-    """Raise ``ConflictError`` unless a re-sent ``request`` matches the stored rollout."""
-    if not same_request(stored, request):
+    """Raise ``ConflictError`` unless a re-sent ``request`` carries the content of the stored rollout."""
+    fields = ("task", "group_id", "mode", "resources_version", "config", "metadata")
+    if not all(getattr(stored, f) == getattr(request, f) for f in fields):
         raise ConflictError(
             f"rollout id {request.id} already exists with a different task or config; use a new id for a new rollout."
         )
@@ -155,6 +244,16 @@ def resources_not_found(version: int | None, latest: int) -> NotFoundError:
 # --------------------------------------------------------------------------------------------
 
 
+def _set_status(rollout: Rollout, status: RolloutStatus, error: str | None, t: float) -> None:
+    """Apply a checked status change to ``rollout`` (``ended_at`` is set when it ends)."""
+    check_rollout_transition(rollout.id, rollout.status, status)
+    rollout.status = status
+    rollout.updated_at = t
+    rollout.error = error
+    if status in TERMINAL_ROLLOUT:
+        rollout.ended_at = t
+
+
 def open_attempt(rollout: Rollout, worker_id: str, t: float, worker_timeout_s: float | None = None) -> Attempt:
     """Move a waiting rollout to running and return the attempt opened for it (see ``attempt_timeout``)."""
     check_rollout_transition(rollout.id, rollout.status, RolloutStatus.RUNNING)
@@ -188,8 +287,7 @@ def end_attempt(
     Raises ``IllegalTransitionError`` (changing nothing) if the attempt already ended.
     """
     check_attempt_transition(attempt.id, attempt.status, status)
-    outcome = attempt_outcome(rollout, status, reason, error)
-    set_rollout_status(rollout, outcome.rollout_status, outcome.error, t)
+    _set_status(rollout, *attempt_outcome(rollout, status, reason, error), t)
     attempt.status = status
     attempt.ended_at = t
     attempt.error = error
@@ -214,7 +312,7 @@ def cancel(rollout: Rollout, running: Attempt | None, t: float) -> bool:
     if running is not None:
         end_attempt(rollout, running, AttemptStatus.CANCELLED, None, "cancelled", None, t)
     else:
-        set_rollout_status(rollout, RolloutStatus.CANCELLED, "cancelled", t)
+        _set_status(rollout, RolloutStatus.CANCELLED, "cancelled", t)
     return True
 
 

@@ -36,7 +36,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import CoroutineType
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,7 +48,8 @@ from lightning_rl.errors import (
     StoreUnavailableError,
     error_from_status,
 )
-from lightning_rl.store.base import LightningStore, attempt_timeout, check_reward
+from lightning_rl.store._rules import attempt_timeout, check_reward
+from lightning_rl.store.base import LightningStore
 from lightning_rl.types import (
     Attempt,
     AttemptStatus,
@@ -293,14 +294,6 @@ class TransportError(ConnectionError):
         self.sent = sent
 
 
-class _Transport(Protocol):
-    async def request(
-        self, method: str, path: str, body: bytes | None, headers: dict[str, str], timeout_s: float
-    ) -> tuple[int, bytes]: ...
-
-    async def aclose(self) -> None: ...
-
-
 class _Http11Pool:
     """A small keep-alive HTTP/1.1 connection pool on asyncio streams.
 
@@ -503,7 +496,7 @@ class StoreClient:
             raise InvalidRequestError("the store token must not contain whitespace or line breaks.")
         if token:
             self._headers["authorization"] = f"Bearer {token}"
-        self._transport: _Transport = (
+        self._transport: _Http11Pool | _HttpxTransport = (
             _HttpxTransport(self.url, http_client)
             if http_client is not None
             else _Http11Pool(self.url, max_connections)
@@ -537,9 +530,6 @@ class StoreClient:
         ClaimList,
         check=lambda a: attempt_timeout(RolloutConfig(), a["timeout_s"]),
     ).call
-    """Claim up to ``n`` rollouts. Retried like every call; if a response is lost, the attempts it
-    opened are orphaned and the store times them out through their heartbeat deadline (the rollout's
-    ``heartbeat_timeout_s`` or the store's default), then requeues them."""
     heartbeat = Route(LightningStore.heartbeat, "POST", "/attempts/{id}/heartbeat", None, Attempt).call
     finish_attempt = Route(
         LightningStore.finish_attempt,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -199,15 +200,9 @@ class MemoryStore(StoreCore):
     async def _count(self) -> StoreStats:
         async with self._lock:
             self._expire_locked(now())
-            rs: dict[str, int] = {}
-            for r in self._rollouts.values():
-                rs[r.status.value] = rs.get(r.status.value, 0) + 1
-            ats: dict[str, int] = {}
-            for a in self._attempts.values():
-                ats[a.status.value] = ats.get(a.status.value, 0) + 1
             return StoreStats(
-                rollouts_by_status=rs,
-                attempts_by_status=ats,
+                rollouts_by_status=dict(Counter(r.status.value for r in self._rollouts.values())),
+                attempts_by_status=dict(Counter(a.status.value for a in self._attempts.values())),
                 spans=len(self._span_attempt),
                 resources_versions=len(self._resources),
             )

@@ -21,6 +21,7 @@ import base64
 import json
 import zlib
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from google.protobuf import json_format
@@ -55,6 +56,7 @@ JSON = "application/json"
 
 _KINDS = {0: "internal", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 _STATUS_CODES: dict[int, Literal["unset", "ok", "error"]] = {0: "unset", 1: "ok", 2: "error"}
+_SCALARS = frozenset({"string_value", "bool_value", "int_value", "double_value"})  # AnyValue kinds kept as they are
 _MAX_REPORTED = 5
 
 
@@ -62,13 +64,13 @@ class UnsupportedMediaType(InvalidRequestError):
     """The request's Content-Type or Content-Encoding is not one OTLP/HTTP defines (HTTP 415)."""
 
 
+@dataclass
 class IngestResult:
     """What happened to the spans of one export request."""
 
-    def __init__(self) -> None:
-        self.accepted = 0
-        self.rejected = 0
-        self.reasons: list[str] = []
+    accepted: int = 0
+    rejected: int = 0
+    reasons: list[str] = field(default_factory=list[str])
 
     def reject(self, n: int, reason: str) -> None:
         self.rejected += n
@@ -232,14 +234,8 @@ def _value(v: AnyValue, depth: int = 0) -> Any:
             f"an OTLP attribute value is nested more than {MAX_VALUE_DEPTH} levels deep; flatten it."
         )
     which = v.WhichOneof("value")
-    if which == "string_value":
-        return v.string_value
-    if which == "bool_value":
-        return v.bool_value
-    if which == "int_value":
-        return v.int_value
-    if which == "double_value":
-        return v.double_value
+    if which in _SCALARS:
+        return getattr(v, which)
     if which == "array_value":
         return [_value(x, depth + 1) for x in v.array_value.values]
     if which == "kvlist_value":

@@ -10,7 +10,7 @@ Why it looks like this:
   once). Everything else (finish, heartbeat, cancel, expiry, enqueue, prune) changes one rollout or a
   few at a time and runs as an **optimistic transaction** (``WATCH`` the keys, read, decide in
   Python, ``MULTI``/``EXEC``; started over if a watched key changed), so *what* happens is decided
-  by ``store.base`` and ``store._sql``, the very functions the other backends call.
+  by ``store._rules``, the very functions the other backends call.
 * **Few round trips.** redis-py provides the connection pool and the protocol; the store sends its
   commands in batches on one connection (``WATCH`` with the reads it guards, then ``MULTI`` … ``EXEC``
   with all the writes), so a finish is three round trips and a claim or a span batch one.
@@ -112,7 +112,7 @@ while i < n do
     local aid, gkey = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
     local number = redis.call('HINCRBY', rkey, 'attempt_count', 1)
     redis.call('HSET', rkey, 'status', '"running"', 'updated_at', t)
-    -- attempt_timeout and attempt_deadline of store.base, on the values enqueue stored for them
+    -- attempt_timeout and attempt_deadline of store._rules, on the values enqueue stored for them
     local tmo = redis.call('HGET', rkey, '_tmo')
     if tmo == 'null' then tmo = worker_tmo end
     local deadline = tnum + tonumber(redis.call('HGET', rkey, '_hb'))
@@ -397,9 +397,8 @@ class RedisStore(StoreCore):
             writes: list[Command] = []
             if fresh:
                 (last,) = await link.run(("INCRBY", self._k("rseq"), len(fresh)))
-                for i, rollout in enumerate(fresh):
-                    rollout.seq = int(last) - len(fresh) + 1 + i
-                for r in fresh:
+                for i, r in enumerate(fresh):
+                    r.seq = int(last) - len(fresh) + 1 + i
                     hb = r.config.heartbeat_timeout_s
                     hidden = ["_hb", _float_json(hb if hb is not None else DEFAULT_HEARTBEAT_TIMEOUT_S)]
                     hidden += ["_tmo", _float_json(r.config.timeout_s)]
@@ -501,21 +500,17 @@ class RedisStore(StoreCore):
         if query.statuses is None and query.group_id is None and query.mode is None:
             (page,) = await self._read(("ZRANGE", self._k("rollouts"), offset, offset + limit - 1))
             return [r for r in await self._rollouts(page) if r is not None]
-        out: list[Rollout] = []
-        skipped, start, chunk = 0, 0, 1000
-        while len(out) < limit:
+        found: list[Rollout] = []
+        skip, start, chunk = offset, 0, 1000
+        while len(found) < limit:
             (some,) = await self._read(("ZRANGE", self._k("rollouts"), start, start + chunk - 1))
             if not some:
                 break
             start += chunk
-            for r in await self._rollouts(some):
-                if r is None or not query.matches(r):
-                    continue
-                if skipped < offset:
-                    skipped += 1
-                elif len(out) < limit:
-                    out.append(r)
-        return out
+            matches = [r for r in await self._rollouts(some) if r is not None and query.matches(r)]
+            found += matches[skip:]  # the skipped ones are never kept: an offset costs no memory
+            skip = max(skip - len(matches), 0)
+        return found[:limit]
 
     async def _get_attempt(self, attempt_id: str) -> Attempt | None:
         await self._expire_due()
@@ -564,19 +559,14 @@ class RedisStore(StoreCore):
         if not aids:
             return []
         lengths: list[int] = await self._read(*(("LLEN", self._sk(a)) for a in aids))
+        end = sum(lengths) if limit is None else offset + limit  # the page, as positions across attempts
         ranges: list[Command] = []
-        skip, left = offset, limit
+        first = 0  # the position of the attempt's first span
         for aid, length in zip(aids, lengths, strict=True):
-            if left is not None and left <= 0:
-                break
-            if skip >= length:
-                skip -= length
-                continue
-            stop = length - 1 if left is None else min(length - 1, skip + left - 1)
-            ranges.append(("LRANGE", self._sk(aid), skip, stop))
-            if left is not None:
-                left -= stop - skip + 1
-            skip = 0
+            lo, hi = max(offset - first, 0), min(end - first, length)
+            if lo < hi:
+                ranges.append(("LRANGE", self._sk(aid), lo, hi - 1))
+            first += length
         if not ranges:
             return []
         return [text for chunk in await self._read(*ranges) for text in chunk]
@@ -612,26 +602,20 @@ class RedisStore(StoreCore):
             rollout = _rollout_from(row)
             if rollout is None or rollout.status not in TERMINAL_ROLLOUT or not (rollout.ended_at or 0) < older_than:
                 return 0, [], False
-            attempts: list[Attempt] = []
-            texts: list[str] = []
+            akeys, skeys = [self._ak(a) for a in aids], [self._sk(a) for a in aids]
+            writes: list[Command] = [("DEL", rkey, rakey, *akeys, *skeys)]
+            writes += [("ZREM", self._k(name), rid) for name in ("rollouts", "ended", "waiting")]
+            writes.append(("HINCRBY", self._k("nr"), json.dumps(rollout.status.value), -1))
             if aids:
-                akeys, skeys = [self._ak(a) for a in aids], [self._sk(a) for a in aids]
                 replies = await link.watch(
                     [*akeys, *skeys], *(("HGETALL", k) for k in akeys), *(("LRANGE", k, 0, -1) for k in skeys)
                 )
                 attempts = [a for a in map(_attempt_from, replies[: len(aids)]) if a is not None]
+                writes += [("HINCRBY", self._k("na"), json.dumps(a.status.value), -1) for a in attempts]
+                writes += [("ZREM", self._k(name), *aids) for name in ("attempts", "running")]
                 texts = [text for chunk in replies[len(aids) :] for text in chunk]
-            span_keys = [span_key(Span.model_validate_json(text)) for text in texts]
-            doomed = [rkey, rakey, *(self._ak(a) for a in aids), *(self._sk(a) for a in aids)]
-            writes: list[Command] = [("DEL", *doomed)]
-            if span_keys:
-                writes.append(("HDEL", self._k("sk"), *span_keys))
-            writes += [(cmd, self._k(name), rid) for cmd, name in (("ZREM", "rollouts"), ("ZREM", "ended"))]
-            writes.append(("ZREM", self._k("waiting"), rid))
-            if aids:
-                writes += [("ZREM", self._k("attempts"), *aids), ("ZREM", self._k("running"), *aids)]
-            writes.append(("HINCRBY", self._k("nr"), json.dumps(rollout.status.value), -1))
-            writes += [("HINCRBY", self._k("na"), json.dumps(a.status.value), -1) for a in attempts]
+                if texts:
+                    writes.append(("HDEL", self._k("sk"), *(span_key(Span.model_validate_json(t)) for t in texts)))
             return 1, writes, False
 
         return await self._transact(txn)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 from collections.abc import AsyncGenerator, Callable, Generator
@@ -36,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lightning_rl._serving import http_protocol, read_body, send_json, wait_until_serving
+from lightning_rl._serving import read_body, send_json, uvicorn_config, wait_until_serving
 from lightning_rl.credentials import bearer_matches
 from lightning_rl.errors import LightningError, http_status
 from lightning_rl.store import otlp
@@ -67,19 +68,9 @@ class _TooLarge(Exception):
     pass
 
 
-class _ErrorDetail(BaseModel):
-    type: str
-    message: str
-
-
-class _ErrorPayload(BaseModel):
-    error: _ErrorDetail
-
-
 def error_body(kind: str, message: str) -> bytes:
     """The JSON error body every route answers with: ``{"error": {"type", "message"}}``."""
-    payload = _ErrorPayload.model_construct(error=_ErrorDetail.model_construct(type=kind, message=message))
-    return payload.model_dump_json().encode()
+    return json.dumps({"error": {"type": kind, "message": message}}, separators=(",", ":")).encode()
 
 
 def error_response(status: int, kind: str, message: str) -> Response:
@@ -121,11 +112,7 @@ class _BearerAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            given = b""
-            for key, value in scope["headers"]:
-                if key == b"authorization":
-                    given = value
-                    break
+            given = next((value for key, value in scope["headers"] if key == b"authorization"), b"")
             if not bearer_matches(given, self._token):
                 message = (
                     "wrong bearer token; pass the server's --token to the client."
@@ -354,29 +341,17 @@ class _QuietServer(uvicorn.Server):
 @contextlib.asynccontextmanager
 async def _started(
     store: LightningStore, host: str, port: int, token: str | None, max_body_bytes: int, expire_interval_s: float
-) -> AsyncGenerator[tuple[uvicorn.Server, asyncio.Task[None], str, asyncio.Event]]:
+) -> AsyncGenerator[tuple[str, _QuietServer, asyncio.Task[None], asyncio.Event]]:
+    """Serve ``store``; yield its URL, the server, the task serving it and the event that ends long polls."""
     app = create_store_app(store, token, max_body_bytes=max_body_bytes, expire_interval_s=expire_interval_s)
     stopping: asyncio.Event = app.state.stopping
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-        server_header=False,
-        date_header=False,
-        proxy_headers=False,
-        http=http_protocol(),
-    )
-    server = _QuietServer(config)
+    server = _QuietServer(uvicorn_config(app, host, port, timeout_graceful_shutdown=5))
     task = asyncio.create_task(server.serve())
     try:
         url = await wait_until_serving(
             server, task, host, f"store server could not start on {host}:{port}; see the log above."
         )
-        yield server, task, url, stopping
+        yield url, server, task, stopping
     finally:
         stopping.set()  # long polls in flight answer now rather than hold the shutdown up
         server.should_exit = True
@@ -399,13 +374,8 @@ async def running_store_server(
     ``port=0`` picks a free port. On exit the server stops (in-flight requests finish first); the
     store is left open for the caller to close. Signal handlers are left alone.
     """
-    async with _started(store, host, port, token, max_body_bytes, expire_interval_s) as (
-        _server,
-        _task,
-        url,
-        _stopping,
-    ):
-        yield url
+    async with _started(store, host, port, token, max_body_bytes, expire_interval_s) as started:
+        yield started[0]
 
 
 async def serve_store(
@@ -417,7 +387,7 @@ async def serve_store(
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve ``store`` until SIGINT or SIGTERM, then stop gracefully (``lightning-rl store serve``)."""
-    async with _started(store, host, port, token, DEFAULT_MAX_BODY_BYTES, 1.0) as (server, task, url, stopping):
+    async with _started(store, host, port, token, DEFAULT_MAX_BODY_BYTES, 1.0) as (url, server, task, stopping):
         loop = asyncio.get_running_loop()
 
         def stop() -> None:

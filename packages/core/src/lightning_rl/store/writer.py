@@ -181,13 +181,12 @@ class SpanWriter:
             except RuntimeError:
                 return  # no running loop in this thread: the first start() on a loop picks the queue up
         if threading.get_ident() == self._loop_thread:
-            self._idle.clear()
-            self._wake.set()
+            self._wake_up()
         elif self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing will drain anyway
-                self._loop.call_soon_threadsafe(self._wake_from_other_thread)
+                self._loop.call_soon_threadsafe(self._wake_up)
 
-    def _wake_from_other_thread(self) -> None:
+    def _wake_up(self) -> None:
         self._idle.clear()
         self._wake.set()
 
@@ -208,8 +207,7 @@ class SpanWriter:
 
     async def _wait_idle(self) -> None:
         while self.pending:
-            self._idle.clear()
-            self._wake.set()
+            self._wake_up()
             await self._idle.wait()
 
     async def close(self, timeout: float | None = 5.0) -> bool:
@@ -252,7 +250,6 @@ class SpanWriter:
     async def _write_until_acknowledged(self, batch: list[Span]) -> None:
         delay = self.initial_backoff_s
         while True:
-            error: Exception | None = None
             try:
                 await self.store.add_spans(batch)
             except asyncio.CancelledError:
@@ -260,7 +257,7 @@ class SpanWriter:
                 raise
             except Exception as exc:
                 error = exc
-            if error is None:
+            else:
                 self._written += len(batch)
                 self._batches += 1
                 return
