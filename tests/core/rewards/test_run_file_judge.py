@@ -47,9 +47,9 @@ def test_a_bad_judge_setting_names_its_key(override: str, message: str) -> None:
 
 
 def test_the_logprobs_mode_from_a_run_files_judge_table(tmp_path: Path) -> None:
-    # the example with ``scoring = "logprobs"`` written in its [algorithm.judge] table (the file's last)
+    # the example with ``scoring = "logprobs"`` written in its [algorithm.judge] table
     (tmp_path / "demo_calculator.py").write_text((EXAMPLE.parent / "demo_calculator.py").read_text())
-    text = EXAMPLE.read_text().replace("two_passes = false", 'two_passes = false\nscoring = "logprobs"')
+    text = EXAMPLE.read_text().replace('scoring = "group"', 'scoring = "logprobs"')
     assert 'scoring = "logprobs"' in text
     (tmp_path / "judge.toml").write_text(text)
     judge = load_run_file(tmp_path / "judge.toml").config.judge
