@@ -65,6 +65,7 @@ __all__ = [
     "judge_config",
     "judge_mode",
     "report",
+    "raw_scores",
     "paste",
     "main",
 ]
@@ -290,6 +291,21 @@ async def smollm2_gateway(threads: int, batch: int) -> AsyncGenerator[tuple[str,
             yield f"{url}/v1", engine.model_name
 
 
+def raw_scores(groups: Sequence[Sequence[Trajectory]], results: Sequence[ModeResult]) -> dict[str, Any]:
+    """Every trajectory's label and score per mode (None: its group was left out), for ``--json``."""
+    return {
+        "groups": [
+            {
+                "right": [t.right for t in group],
+                "scores": {r.mode: r.scores[i] for r in results},
+            }
+            for i, group in enumerate(groups)
+        ],
+        "summary": {r.mode: r.summary for r in results},
+        "errors": {r.mode: dict(r.stats.errors) for r in results},
+    }
+
+
 async def run(args: argparse.Namespace, argv: list[str] | None) -> str:
     groups = build_groups(args.groups, args.group_size, seed=args.seed, hide_answer=args.hide_answer)
     rubric = DEFAULT_RUBRIC if args.hide_answer else example_rubric()
@@ -309,6 +325,8 @@ async def run(args: argparse.Namespace, argv: list[str] | None) -> str:
             result = await judge_mode(config, groups)
             print(f"{mode}: {result.summary} in {result.seconds:.1f} s", file=sys.stderr, flush=True)
             results.append(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(raw_scores(groups, results), indent=1) + "\n")
     threads = "" if args.base_url else f"; torch threads: {args.threads}"
     machine = f"Python {platform.python_version()}{threads}"
     header = generated_line("offline_judge.py", argv, machine)
@@ -336,6 +354,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hide-answer", action="store_true", help="take the gold answer out of the task input")
     ap.add_argument("--base-url", default=None, help="judge with this running server (…/v1) instead of SmolLM2")
     ap.add_argument("--model", default=None, help="the model name at --base-url")
+    ap.add_argument("--json", default=None, help="also write every trajectory's label and scores to this file")
     ap.add_argument("--doc", default=None, help="paste the output into this file's offline-judge block")
     args = ap.parse_args(argv)
     bad = [m for m in args.modes.split(",") if m.strip() and m.strip() not in MODES]

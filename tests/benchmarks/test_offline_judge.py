@@ -4,6 +4,7 @@ against the scripted judge (``--base-url``), both modes, pasted into a doc's blo
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -78,6 +79,7 @@ async def test_a_run_against_the_scripted_judge_reports_both_modes_and_pastes(tm
     fake = FakeJudge(_knows_the_answer, model="judge-x")
     async with fake.running() as url:
         argv = ["--groups", "3", "--group-size", "4", "--base-url", url, "--model", "judge-x"]
+        argv += ["--json", str(tmp_path / "scores.json")]
         text = await bench.run(bench.parse_args(argv), argv)
     lines = text.splitlines()
     assert lines[0].startswith("Generated ") and "benchmarks/offline_judge.py --groups 3" in lines[0]
@@ -90,6 +92,12 @@ async def test_a_run_against_the_scripted_judge_reports_both_modes_and_pastes(tm
     distinct = sum(len({t.text for t in g}) for g in bench.build_groups(3, 4, seed=0))
     assert distinct < 12  # the two right answers of a group read the same: asked once
     assert rows["logprobs"].split(" | ")[7] == str(distinct) and rows["group"].split(" | ")[7] == "3"
+    raw = json.loads((tmp_path / "scores.json").read_text())
+    assert len(raw["groups"]) == 3 and raw["errors"] == {"logprobs": {}, "group": {}}
+    first = raw["groups"][0]
+    assert (
+        [s > 0.5 for s in first["scores"]["logprobs"]] == first["right"] == [s > 0.5 for s in first["scores"]["group"]]
+    )
     bench.paste(doc, text)
     pasted = doc.read_text()
     assert pasted.startswith("before\n<!-- offline-judge:begin -->\nGenerated ") and pasted.endswith(
