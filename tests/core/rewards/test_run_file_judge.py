@@ -36,6 +36,7 @@ def test_overrides_reach_the_judge_and_null_turns_it_off() -> None:
         ("algorithm.judge.modle=x", "algorithm.judge.modle: unknown key; did you mean 'model'?"),
         ("algorithm.judge.weight=2", "weight must be in [0, 1]"),
         ("algorithm.judge.structured_output=yes", "must be one of 'auto', 'json_schema', 'off'"),
+        ("algorithm.judge.scoring=pairs", "algorithm.judge.scoring: must be one of 'group', 'logprobs'"),
         ("algorithm.judge.concurrency=many", "algorithm.judge.concurrency: expected an integer"),
     ],
 )
@@ -43,6 +44,20 @@ def test_a_bad_judge_setting_names_its_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_run_file(EXAMPLE, [override])
     assert message in str(info.value)
+
+
+def test_the_logprobs_mode_from_a_run_files_judge_table(tmp_path: Path) -> None:
+    # the example with ``scoring = "logprobs"`` written in its [algorithm.judge] table
+    (tmp_path / "demo_calculator.py").write_text((EXAMPLE.parent / "demo_calculator.py").read_text())
+    text = EXAMPLE.read_text().replace('scoring = "group"', 'scoring = "logprobs"')
+    assert 'scoring = "logprobs"' in text
+    (tmp_path / "judge.toml").write_text(text)
+    judge = load_run_file(tmp_path / "judge.toml").config.judge
+    assert isinstance(judge, JudgeConfig) and judge.scoring == "logprobs"
+    assert load_run_file(EXAMPLE).config.judge.scoring == "group"  # the default
+    assert load_run_file(EXAMPLE, ["algorithm.judge.scoring=logprobs"]).config.judge.scoring == "logprobs"
+    with pytest.raises(ConfigError, match="two_passes applies to scoring='group' only"):
+        load_run_file(EXAMPLE, ["algorithm.judge.scoring=logprobs", "algorithm.judge.two_passes=true"])
 
 
 def test_a_key_written_in_the_file_is_never_copied_out() -> None:

@@ -7,6 +7,7 @@ A run file turns the judge on with a table; every key is a field below::
     model = "gpt-4o-mini"
     rubric = "The answer is a single correct number."   # optional: DEFAULT_RUBRIC otherwise
     weight = 1.0                                         # optional: the judge alone
+    scoring = "logprobs"                                 # optional: "group" (the default) or "logprobs"
 
 The API key is never needed in the file: ``api_key_env`` names the environment variable that holds
 it (and ``api_key``, when set anyway, is written as ``***`` to the run folder).
@@ -18,9 +19,12 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["JudgeConfig", "DEFAULT_RUBRIC", "StructuredOutput"]
+__all__ = ["JudgeConfig", "DEFAULT_RUBRIC", "StructuredOutput", "Scoring", "SCORING_MODES"]
 
 StructuredOutput = Literal["auto", "json_schema", "off"]
+Scoring = Literal["group", "logprobs"]
+SCORING_MODES: tuple[Scoring, ...] = ("group", "logprobs")
+"""How the judge is asked (``JudgeConfig.scoring``)."""
 
 DEFAULT_RUBRIC = """\
 - A trajectory that achieves the task's goal scores higher than one that does not.
@@ -45,6 +49,14 @@ class JudgeConfig:
     """The environment variable holding the API key when ``api_key`` is unset (unset too: no key sent)."""
     rubric: str | None = None
     """What a good trajectory is, in the judge's words. None: ``DEFAULT_RUBRIC``."""
+    scoring: Scoring = "group"
+    """How the judge is asked. ``group``: one call shows the whole group and the judge writes a JSON
+    score per trajectory (needs a model that writes valid JSON: a hosted one). ``logprobs``: one call
+    per trajectory, asking for a single digit 0-9 (``max_tokens=1``, ``logprobs``, ``top_logprobs=20``);
+    the score is the probability-weighted mean of the digits among the top tokens, over 9. Made for
+    small local judges, which cannot write JSON but always put some probability on digits; an
+    endpoint that ignores ``logprobs`` has its one text token read as the digit. ``structured_output``,
+    ``max_tokens`` and ``two_passes`` do not apply to it (a call shows no order to cancel)."""
     weight: float = 1.0
     """How the judge's score ``s`` and the agent's own reward ``r`` make the reward GRPO sees:
     ``weight * s + (1 - weight) * r``. 1.0: the judge alone (the agent need not emit a reward);
@@ -91,6 +103,16 @@ class JudgeConfig:
         if self.structured_output not in ("auto", "json_schema", "off"):
             raise ValueError(
                 f"JudgeConfig.structured_output must be 'auto', 'json_schema' or 'off', got {self.structured_output!r}."
+            )
+        if self.scoring not in SCORING_MODES:
+            raise ValueError(
+                f"JudgeConfig.scoring must be 'group' (one JSON call per group) or 'logprobs' (one digit per "
+                f"trajectory, for small judges), got {self.scoring!r}."
+            )
+        if self.scoring == "logprobs" and self.two_passes:
+            raise ValueError(
+                "JudgeConfig.two_passes applies to scoring='group' only: with scoring='logprobs' each call shows "
+                "one trajectory, so there is no order to reverse; set two_passes = false."
             )
         for name in ("timeout_s", "max_tokens", "concurrency", "text_limit"):
             if getattr(self, name) <= 0:

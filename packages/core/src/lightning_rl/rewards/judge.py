@@ -20,6 +20,14 @@ What makes a judge usable in a training loop, where it is called thousands of ti
 * **A concurrency limit** on requests in flight, shared by all the groups of a step.
 * **A disk cache** (``lightning_rl.rewards.cache``) consulted before any call.
 * **Costs** (calls, retries, tokens, cache hits, failures by kind) accumulate in ``JudgeStats``.
+
+With ``scoring="logprobs"`` (``lightning_rl.rewards.digits``, for small local judges) each distinct
+trajectory of a group gets its own call asking for one digit, read from the top logprobs; the calls of
+a group run concurrently under the same limit, with the same retries, and are cached one trajectory
+at a time. A group is scored only when all its trajectories are: one trajectory failing for good
+leaves the whole group out, as in the group mode. Such a call shows no order, so there is no position
+bias to defend against; the judge grades on an absolute scale instead, and GRPO, which keeps only the
+differences within a group, discards a judge's constant leniency or severity.
 """
 
 from __future__ import annotations
@@ -28,15 +36,17 @@ import asyncio
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import httpx
 
 from lightning_rl.rewards.cache import JudgeCache, cache_key
 from lightning_rl.rewards.config import JudgeConfig
+from lightning_rl.rewards.digits import DIGIT_SYSTEM_PROMPT, TOP_LOGPROBS, digit_messages, digit_score
 from lightning_rl.rewards.prompt import SCORES_SCHEMA, SYSTEM_PROMPT, JudgeAnswerError, judge_messages, parse_scores
 
 __all__ = ["GroupJudge", "JudgeStats", "JudgeRequestError"]
@@ -44,6 +54,7 @@ __all__ = ["GroupJudge", "JudgeStats", "JudgeRequestError"]
 log = logging.getLogger(__name__)
 
 _FATAL_STATUS = (401, 403, 404)
+_T = TypeVar("_T")
 
 
 class JudgeRequestError(RuntimeError):
@@ -62,12 +73,13 @@ class JudgeStats:
     """As the endpoint's ``usage`` reports them (0 when it reports none)."""
     cache_hits: int = 0
     cache_misses: int = 0
+    """Groups (``scoring="logprobs"``: distinct trajectories) answered from the cache / asked."""
     judged_groups: int = 0
     failed_groups: int = 0
     """Groups whose judging failed for good (left out of the update)."""
     errors: Counter[str] = field(default_factory=Counter[str])
     """Failed tries by kind: timeout, connection, http_429, http_5xx, http_4xx, malformed, out_of_range,
-    wrong_count, structured_output_rejected."""
+    wrong_count, structured_output_rejected, logprobs_rejected."""
 
     def copy(self) -> JudgeStats:
         return JudgeStats(
@@ -130,6 +142,7 @@ class GroupJudge:
         self.stats = JudgeStats()
         self._rng = random.Random(config.seed)
         self._structured = config.structured_output != "off"
+        self._logprobs = True
         self._url = config.base_url.rstrip("/") + "/chat/completions"
 
     async def score_groups(self, groups: Sequence[Sequence[str]]) -> list[list[float] | None]:
@@ -143,9 +156,17 @@ class GroupJudge:
             return list(await asyncio.gather(*(self._score(client, limit, list(g)) for g in groups)))
 
     async def _score(self, client: httpx.AsyncClient, limit: asyncio.Semaphore, texts: list[str]) -> list[float] | None:
-        cfg = self.config
         if not texts:
             return []
+        if self.config.scoring == "logprobs":
+            return await self._score_each(client, limit, texts)
+        return await self._score_group(client, limit, texts)
+
+    async def _score_group(
+        self, client: httpx.AsyncClient, limit: asyncio.Semaphore, texts: list[str]
+    ) -> list[float] | None:
+        """``scoring="group"``: one call (two with ``two_passes``) shows the group in a random order."""
+        cfg = self.config
         passes = 2 if cfg.two_passes else 1
         key = cache_key(
             texts,
@@ -167,7 +188,9 @@ class GroupJudge:
         orders = [order, order[::-1]] if cfg.two_passes else [order]
         totals = [0.0] * len(texts)
         for shown in orders:
-            scores = await self._call(client, limit, [texts[i] for i in shown])
+            shown_texts = [texts[i] for i in shown]
+            read = partial(_read_scores, n=len(shown_texts))
+            scores = await self._call(client, limit, partial(self._body, shown_texts), read, "a group")
             if scores is None:
                 self.stats.failed_groups += 1
                 return None
@@ -178,6 +201,61 @@ class GroupJudge:
         if self.cache is not None:
             self.cache.put(key, result, model=cfg.model, passes=passes)
         return result
+
+    async def _score_each(
+        self, client: httpx.AsyncClient, limit: asyncio.Semaphore, texts: list[str]
+    ) -> list[float] | None:
+        """``scoring="logprobs"``: one call per distinct trajectory, concurrently (identical trajectories,
+        common once a policy converges, are asked about once: the answer depends on the text alone)."""
+        cfg = self.config
+        distinct = list(dict.fromkeys(texts))
+        keys = {
+            text: cache_key(
+                [text],
+                rubric=cfg.resolved_rubric,
+                model=cfg.model,
+                base_url=cfg.base_url,
+                prompt=DIGIT_SYSTEM_PROMPT,
+                passes=1,
+            )
+            for text in distinct
+        }
+        found: dict[str, float] = {}
+        for text in distinct:
+            cached = self.cache.get(keys[text], 1) if self.cache is not None else None
+            if cached is not None:
+                self.stats.cache_hits += 1
+                found[text] = cached[0]
+            elif self.cache is not None:
+                self.stats.cache_misses += 1
+        asked = [text for text in distinct if text not in found]
+        answers = await asyncio.gather(
+            *(self._call(client, limit, partial(self._digit_body, t), digit_score, "a trajectory") for t in asked)
+        )
+        for text, score in zip(asked, answers, strict=True):
+            if score is None:
+                continue
+            found[text] = score
+            if self.cache is not None:  # a trajectory's score stands alone: kept even if its group fails
+                self.cache.put(keys[text], [score], model=cfg.model, scoring="logprobs")
+        if len(found) < len(distinct):
+            self.stats.failed_groups += 1
+            return None
+        self.stats.judged_groups += 1
+        return [found[text] for text in texts]
+
+    def _digit_body(self, text: str) -> dict[str, Any]:
+        cfg = self.config
+        body: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": digit_messages(cfg.resolved_rubric, text),
+            "temperature": cfg.temperature,
+            "max_tokens": 1,
+        }
+        if self._logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = TOP_LOGPROBS
+        return body
 
     def _body(self, texts: Sequence[str]) -> dict[str, Any]:
         cfg = self.config
@@ -202,8 +280,16 @@ class GroupJudge:
             return min(max(retry_after, 0.0), cfg.max_backoff_s)
         return min(cfg.backoff_s * 2 ** (attempt - 1) * self._rng.uniform(0.5, 1.5), cfg.max_backoff_s)
 
-    async def _call(self, client: httpx.AsyncClient, limit: asyncio.Semaphore, texts: list[str]) -> list[float] | None:
-        """One judging of ``texts`` (in the order shown), retried; None once the retries are spent."""
+    async def _call(
+        self,
+        client: httpx.AsyncClient,
+        limit: asyncio.Semaphore,
+        build: Callable[[], dict[str, Any]],
+        read: Callable[[dict[str, Any]], _T],
+        what: str,
+    ) -> _T | None:
+        """One judge request (its body from ``build``, rebuilt per try), retried; ``read`` turns the chat
+        completion into the answer or raises ``JudgeAnswerError``. None once the retries are spent."""
         cfg = self.config
         last = ""
         retry_after: float | None = None
@@ -212,10 +298,12 @@ class GroupJudge:
                 self.stats.retries += 1
                 await asyncio.sleep(self._delay(attempt, retry_after))
             retry_after = None
+            body: dict[str, Any] = {}
             try:
                 async with limit:
+                    body = build()  # once a slot is free: a fallback another call just took applies here
                     self.stats.calls += 1
-                    response = await client.post(self._url, json=self._body(texts), headers=self._headers())
+                    response = await client.post(self._url, json=body, headers=self._headers())
             except httpx.TimeoutException as exc:
                 last = self._failed("timeout", f"no answer within {cfg.timeout_s:g} s ({type(exc).__name__})")
                 continue
@@ -223,10 +311,17 @@ class GroupJudge:
                 last = self._failed("connection", f"{type(exc).__name__}: {exc}")
                 continue
             status = response.status_code
-            if status == 400 and self._structured and cfg.structured_output == "auto":
+            if status == 400 and "response_format" in body and cfg.structured_output == "auto":
                 self._structured = False
                 last = self._failed("structured_output_rejected", _error_text(response))
                 log.info("the judge rejected response_format (HTTP 400); asking for plain JSON from now on")
+                continue
+            if status == 400 and body.get("logprobs") and "logprob" in _error_text(response).lower():
+                self._logprobs = False
+                last = self._failed("logprobs_rejected", _error_text(response))
+                log.warning(
+                    "the judge rejected logprobs (HTTP 400); reading its one-token text as the digit from now on"
+                )
                 continue
             if status == 429 or status >= 500:
                 retry_after = _retry_after(response)
@@ -244,11 +339,11 @@ class GroupJudge:
                 log.warning("judge call refused (HTTP %d: %s); the group is left out", status, _error_text(response))
                 return None
             try:
-                return parse_scores(self._content(response), len(texts))
+                return read(self._completion(response))
             except JudgeAnswerError as exc:
                 last = self._failed(exc.kind, str(exc))
         log.warning(
-            "judging a group failed after %d tries (last: %s); the group is left out", cfg.max_retries + 1, last
+            "judging %s failed after %d tries (last: %s); the group is left out", what, cfg.max_retries + 1, last
         )
         return None
 
@@ -257,8 +352,8 @@ class GroupJudge:
         log.debug("judge try failed (%s): %s", kind, message)
         return f"{kind}: {message}"
 
-    def _content(self, response: httpx.Response) -> str:
-        """The answer's text; the usage is counted on the way. Anything unreadable is a malformed answer."""
+    def _completion(self, response: httpx.Response) -> dict[str, Any]:
+        """The chat completion; its usage is counted on the way. A body that is not one is a malformed answer."""
         try:
             data: Any = response.json()
         except ValueError:
@@ -271,13 +366,18 @@ class GroupJudge:
             counts = cast(dict[str, Any], usage)
             self.stats.prompt_tokens += int(counts.get("prompt_tokens") or 0)
             self.stats.completion_tokens += int(counts.get("completion_tokens") or 0)
-        try:
-            content = body["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            raise JudgeAnswerError("the response has no choices[0].message.content") from None
-        if not isinstance(content, str) or not content.strip():
-            raise JudgeAnswerError("the judge's answer is empty")
-        return content
+        return body
+
+
+def _read_scores(completion: dict[str, Any], n: int) -> list[float]:
+    """The group mode's answer: ``n`` scores parsed from the message text."""
+    try:
+        content = completion["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise JudgeAnswerError("the response has no choices[0].message.content") from None
+    if not isinstance(content, str) or not content.strip():
+        raise JudgeAnswerError("the judge's answer is empty")
+    return parse_scores(content, n)
 
 
 def _error_text(response: httpx.Response) -> str:

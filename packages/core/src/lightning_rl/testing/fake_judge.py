@@ -11,6 +11,14 @@ score times 10), ``"wrong_count"`` (one score missing), ``"empty"`` (no content)
 after ``slow_s``) and ``"ok"``. ``supports_json_schema=False`` plays an endpoint that rejects a
 JSON-schema ``response_format`` with HTTP 400. Every request body is kept in ``requests`` and the
 trajectories each request showed, in its order, in ``shown``.
+
+A request of the ``logprobs`` scoring mode (its system prompt is ``DIGIT_SYSTEM_PROMPT``: one
+trajectory, one digit) is answered with one token and, when it asks for them, its top logprobs:
+``digit_logprobs(text)`` scripts them as ``(token, probability)`` pairs; by default they spread 80%
+over the two digits around ``9 * scorer(text)`` (so the weighted mean is exactly the score) and the
+rest over two tokens that are not digits. A ``"malformed"`` fault answers with no digit among them.
+``supports_logprobs=False`` plays an endpoint that ignores ``logprobs`` (the text is the nearest
+digit); ``rejects_logprobs=True`` one that refuses them with HTTP 400.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 import threading
 import time
@@ -29,7 +38,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-__all__ = ["FakeJudge", "trajectories_in"]
+from lightning_rl.rewards.digits import DIGIT_SYSTEM_PROMPT
+
+__all__ = ["FakeJudge", "trajectories_in", "digit_distribution"]
 
 _TRAJECTORY = re.compile(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', re.S)
 
@@ -52,6 +63,10 @@ class FakeJudge:
         fenced: Wrap the JSON in prose and a markdown code fence, as small models do.
         slow_s: How long a ``"timeout"`` fault waits before answering.
         delay_s: How long every answer takes (``max_in_flight`` then shows the caller's concurrency).
+        digit_logprobs: The top tokens of a ``logprobs``-mode answer about one trajectory, as
+            ``(token, probability)`` pairs (default: ``digit_distribution(scorer(text))``).
+        supports_logprobs: Whether ``logprobs`` are returned when asked for (False: ignored).
+        rejects_logprobs: Answer a request asking for ``logprobs`` with HTTP 400.
     """
 
     def __init__(
@@ -65,6 +80,9 @@ class FakeJudge:
         fenced: bool = False,
         slow_s: float = 5.0,
         delay_s: float = 0.0,
+        digit_logprobs: Callable[[str], Sequence[tuple[str, float]]] | None = None,
+        supports_logprobs: bool = True,
+        rejects_logprobs: bool = False,
     ) -> None:
         self.scorer: Callable[[str], float] = scorer or _even
         self.model = model
@@ -74,6 +92,9 @@ class FakeJudge:
         self.fenced = fenced
         self.slow_s = slow_s
         self.delay_s = delay_s
+        self.digit_logprobs = digit_logprobs
+        self.supports_logprobs = supports_logprobs
+        self.rejects_logprobs = rejects_logprobs
         self.in_flight = 0
         self.max_in_flight = 0
         """The most requests it was answering at once."""
@@ -115,6 +136,11 @@ class FakeJudge:
             await asyncio.sleep(self.slow_s)
         texts = trajectories_in(body)
         self.shown.append(texts)
+        messages: list[dict[str, Any]] = body.get("messages") or [{}]
+        if messages[0].get("content") == DIGIT_SYSTEM_PROMPT:
+            if body.get("logprobs") and self.rejects_logprobs:
+                return _error(400, "logprobs are not supported by this model")
+            return self._digit_answer(body, texts[0] if texts else "", fault)
         scores = self._scores(texts)
         if fault == "out_of_range":
             scores = [s * 10 + 1 for s in scores]
@@ -140,6 +166,45 @@ class FakeJudge:
                 "choices": [
                     {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
                 ],
+                "usage": usage,
+            }
+        )
+
+    def _digit_answer(self, body: dict[str, Any], text: str, fault: str) -> Response:
+        """One token about one trajectory (the ``logprobs`` scoring mode), with its top logprobs if asked."""
+        if fault == "malformed":
+            top: list[tuple[str, float]] = [("The", 0.6), ("Good", 0.3), ("\n", 0.1)]
+        elif self.digit_logprobs is not None:
+            top = list(self.digit_logprobs(text))
+        else:
+            top = digit_distribution(self.position_scorer(0, 1) if self.position_scorer else self.scorer(text))
+        top.sort(key=lambda pair: -pair[1])
+        if self.supports_logprobs:
+            content: str | None = top[0][0] if top else ""
+        else:  # what an endpoint that ignores logprobs writes: its most likely digit, else its most likely token
+            digits = [(t, p) for t, p in top if t.strip().isdigit()]
+            content = (digits or top or [("", 1.0)])[0][0]
+        if fault == "empty":
+            content = None
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": content},
+            "finish_reason": "length",
+            "logprobs": None,
+        }
+        if body.get("logprobs") and self.supports_logprobs and top:
+            k = int(body.get("top_logprobs") or 0)
+            entries = [{"token": t, "logprob": math.log(p), "bytes": list(t.encode())} for t, p in top if p > 0]
+            choice["logprobs"] = {"content": [{**entries[0], "top_logprobs": entries[:k]}]}
+        prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages", []))
+        usage = {"prompt_tokens": prompt_chars // 4, "completion_tokens": 1, "total_tokens": prompt_chars // 4 + 1}
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-judge-{len(self.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [choice],
                 "usage": usage,
             }
         )
@@ -182,6 +247,18 @@ class FakeJudge:
         finally:
             state["loop"].call_soon_threadsafe(state["stop"].set)
             thread.join(10)
+
+
+def digit_distribution(score: float) -> list[tuple[str, float]]:
+    """Top tokens whose digits' weighted mean over 9 is ``score``: 80% over the digits on either side of
+    ``9 * score``, 15% on ``"The"`` and 5% on ``" "`` (tokens a real model ranks high that are not digits)."""
+    x = min(max(score, 0.0), 1.0) * 9
+    low = min(int(math.floor(x)), 9)
+    high_share = x - low
+    pairs = [(str(low), 0.8 * (1 - high_share)), ("The", 0.15), (" ", 0.05)]
+    if high_share > 0:
+        pairs.append((str(low + 1), 0.8 * high_share))
+    return sorted(((t, p) for t, p in pairs if p > 0), key=lambda pair: -pair[1])
 
 
 def _even(_text: str) -> float:
