@@ -516,7 +516,11 @@ def write_report(out: Path, header: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="tiny, smollm2-135m, or an HF folder")
-    ap.add_argument("--arms", default="a,b,c,d,e,f", help="arms to run, e.g. a,b,c,d (a always runs first)")
+    ap.add_argument(
+        "--arms",
+        default="a,b,c,d,e,f",
+        help="arms to run, e.g. a,b,c,d (a runs first; left out, the RL arms start from the SFT already in --out)",
+    )
     ap.add_argument("--seeds", default="0-2", help="seeds: 0-2, or 0,3")
     ap.add_argument("--budget-min", type=float, default=15.0, help="training minutes of each RL arm (b-f)")
     ap.add_argument("--out", default="runs/beyond_imitation", help="folder of the runs, table, json and plot")
@@ -575,10 +579,14 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
         for seed in parse_seeds(args.seeds):
-            wall, peak = run_child(args, out, seed, "a")
             record_path = out / f"seed{seed}" / "sft" / "result.json"
-            record = json.loads(record_path.read_text()) | {"process_s": wall, "peak_gb": peak}
-            record_path.write_text(json.dumps(record, indent=2))
+            if "a" in arms or not record_path.exists():
+                wall, peak = run_child(args, out, seed, "a")
+                record = json.loads(record_path.read_text()) | {"process_s": wall, "peak_gb": peak}
+                record_path.write_text(json.dumps(record, indent=2))
+            else:  # --arms without a: the RL arms start from the SFT this folder already holds
+                record = json.loads(record_path.read_text())
+                wall = record["process_s"]
             print(
                 f"seed {seed} arm a: {record['base_test']:.2f} -> {record['best_test']:.2f} ({wall:.0f} s)", flush=True
             )
