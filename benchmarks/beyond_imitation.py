@@ -163,7 +163,14 @@ def trainer_config(p: Preset, model: str, run_dir: Path, seed: int, **overrides:
     from lightning_rl.demo.run import DemoConfig, demo_trainer_config
 
     cfg = DemoConfig(seed=seed, model=model, progress=False, **{k: v for k, v in p.demo.items()})
-    settings: dict[str, Any] = {"val_every": p.val_every, "tensorboard": False, "steps": p.max_steps}
+    # a greedy evaluation runs all its held-out tasks at once: with the demo's 120 s, rollouts that queue
+    # behind a full engine batch time out and drop out of the held-out mean (seen: 39 of 100)
+    settings: dict[str, Any] = {
+        "val_every": p.val_every,
+        "tensorboard": False,
+        "steps": p.max_steps,
+        "rollout_timeout_s": 900.0,
+    }
     return demo_trainer_config(model, str(run_dir), cfg, **{**settings, **overrides})
 
 
@@ -285,6 +292,8 @@ class Row:
     forward_tokens: float | None = None
     """Median over updates of the padded tokens of every forward pass of the update."""
     steps: int = 0
+    unfinished: int = 0
+    """Held-out rollouts of the final evaluation that failed or timed out (``unfinished``)."""
     curve: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]])
     """(training seconds since the start of SFT, held-out reward)."""
     joins: dict[str, float] = field(default_factory=dict[str, float])
@@ -325,6 +334,7 @@ def arm_row(arm: str, seed: int, run_dir: Path, sft_s: float, process_s: float, 
         sequence_tokens=_median(rows, "train/sequence_tokens"),
         forward_tokens=_median(rows, "train/forward_tokens"),
         steps=max(elapsed),
+        unfinished=unfinished(run_dir / "store.sqlite"),
         curve=curve,
         joins=joins if any(joins.values()) else {},
     )
@@ -387,6 +397,7 @@ def gather(out: Path) -> tuple[list[Row], list[dict[str, Any]]]:
                 sft["process_s"],
                 sft["peak_gb"],
                 steps=best["steps"],
+                unfinished=unfinished(seed_dir / "sft" / "eval-best" / "store.sqlite"),
                 curve=[(0.0, sft["base_test"]), (best["sft_s"], sft["best_test"])],
             )
         )
@@ -408,10 +419,20 @@ def _demonstrated(header: dict[str, Any]) -> str:
     return f"{one} and {two} two-operation ones" if two else f"{one} only"
 
 
+def _runs_by(header: dict[str, Any]) -> list[str]:
+    """The invocations that ran what the table shows, when a --report renders runs made by others."""
+    runs: list[dict[str, Any]] = header.get("runs", [])
+    if not runs or [r["command"] for r in runs] == [header["command"]]:
+        return []
+    made = [f"- {r['date']}, commit `{r['commit']}`: `{r['command']}`" for r in runs]
+    return ["", "The runs were made by:", "", *made]
+
+
 def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -> str:
     """The markdown report: header, arms table, per-arm summary, c against a per seed, the SFT sweep."""
     lines = [
         f"Generated {header['date']} at commit `{header['commit']}` by `{header['command']}` ({header['machine']}).",
+        *_runs_by(header),
         "",
         "Task: two-operation calculator questions; demonstrations: " + _demonstrated(header) + "; "
         f"model `{header['model']}`; held-out: {header['n_test']} two-operation tasks, greedy; "
@@ -429,6 +450,13 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
             f"{r.train_s / 60:.1f} min | {r.process_s / 60:.1f} min | {r.steps} | {tokens} | {r.peak_gb:.1f} GB |"
         )
     lines.append("")
+    ordered = sorted(rows, key=lambda r: (r.arm, r.seed))
+    cut = [f"{r.arm} seed {r.seed}: {r.unfinished}" for r in ordered if r.unfinished]
+    lines.append(
+        "Held-out rollouts that failed or timed out in a final evaluation (left out of its mean): "
+        + (", ".join(cut) if cut else "none")
+        + "."
+    )
     by_arm: dict[str, list[Row]] = {}
     for r in rows:
         by_arm.setdefault(r.arm, []).append(r)
@@ -513,6 +541,61 @@ def write_report(out: Path, header: dict[str, Any]) -> str:
     return text
 
 
+async def _last_evaluation(store_path: Path, *, render: bool) -> dict[str, tuple[Any, str]]:
+    """The held-out rollouts of the last evaluation in a run's store, by task id, each with its transcript
+    when ``render`` (else "")."""
+    from lightning_rl.algorithms.apo_render import render_rollout
+    from lightning_rl.store import SQLiteStore
+
+    store = SQLiteStore(store_path)
+    try:
+        rollouts = await store.query_rollouts(mode="val", limit=10_000)
+        last = max((r.resources_version or 0 for r in rollouts), default=0)
+        out: dict[str, tuple[Any, str]] = {}
+        for r in (r for r in rollouts if (r.resources_version or 0) == last):
+            text = render_rollout(r, await store.query_spans(rollout_id=r.id), reward=r.final_reward, text_limit=300)
+            out[r.task.id] = (r, text if render else "")
+        return out
+    finally:
+        await store.close()
+
+
+def unfinished(store_path: Path) -> int:
+    """Held-out rollouts of the run's last evaluation that failed or timed out. The loop's held-out mean
+    leaves them out (it never scores what did not finish), so the table counts them: a score is only
+    the score of all held-out tasks when this is 0."""
+    import asyncio
+
+    from lightning_rl.types import RolloutStatus
+
+    runs = asyncio.run(_last_evaluation(store_path, render=False))
+    return sum(r.status != RolloutStatus.SUCCEEDED for r, _ in runs.values())
+
+
+def transcripts(out: Path, seed: int, n: int, arm: str = "c") -> str:
+    """Held-out transcripts of one seed: arm a (the SFT model's test evaluation) against ``arm``'s last
+    evaluation, on ``n`` tasks that ``arm`` solved and arm a did not (then any others), as markdown."""
+    import asyncio
+
+    seed_dir = out / f"seed{seed}"
+    sft = asyncio.run(_last_evaluation(seed_dir / "sft" / "eval-best" / "store.sqlite", render=True))
+    rl = asyncio.run(_last_evaluation(seed_dir / arm / "store.sqlite", render=True))
+    both = [t for t in rl if t in sft]
+    if not both:
+        raise SystemExit(f"no held-out task evaluated by both arm a and arm {arm} under {seed_dir}")
+
+    def solved(runs: dict[str, tuple[Any, str]], task: str) -> bool:
+        return (runs[task][0].final_reward or 0.0) >= 1.0
+
+    order = sorted(both, key=lambda t: (not (solved(rl, t) and not solved(sft, t)), t))
+    lines = [f"Seed {seed}: {sum(solved(sft, t) for t in both)}/{len(both)} held-out tasks solved by arm a, "]
+    lines[0] += f"{sum(solved(rl, t) for t in both)}/{len(both)} by arm {arm} (greedy, last evaluation)."
+    for task in order[:n]:
+        lines += ["", f"**{rl[task][0].task.input['question']}**", "", "Arm a (SFT only):", "", "```text"]
+        lines += [sft[task][1], "```", "", f"Arm {arm} ({ARMS[arm]}):", "", "```text", rl[task][1], "```"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="tiny, smollm2-135m, or an HF folder")
@@ -538,6 +621,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
     ap.add_argument("--report", action="store_true", help="run nothing: re-render the table from --out")
+    ap.add_argument(
+        "--transcripts",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="run nothing: print held-out transcripts of arm a against arm c for SEED (from --out)",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -548,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     p = settings(args)
+    if args.transcripts is not None:
+        print(transcripts(out, args.transcripts, 3))
+        return 0
     if args.child is not None:  # inside one run's own process
         _quiet()
         started = time.perf_counter()
@@ -573,6 +666,14 @@ def main(argv: list[str] | None = None) -> int:
         "n_demo_two": p.n_demo_two,
         "budget_min": args.budget_min,
     }
+    record = out / "invocations.json"  # every invocation that ran something here: --report's header reads them
+    runs: list[dict[str, Any]] = json.loads(record.read_text()) if record.exists() else []
+    if not args.report:
+        runs.append({k: header[k] for k in ("date", "commit", "command", "machine")} | {"settings": header})
+        record.write_text(json.dumps(runs, indent=2))
+    elif runs:  # the settings of the runs, not this command line's defaults
+        header |= {k: v for k, v in runs[-1]["settings"].items() if k not in ("date", "commit", "command", "machine")}
+    header["runs"] = [{k: r[k] for k in ("date", "commit", "command")} for r in runs]
     if not args.report:
         arms = [a.strip() for a in args.arms.split(",") if a.strip()]
         unknown = sorted(set(arms) - set(ARMS))
