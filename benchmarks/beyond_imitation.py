@@ -292,8 +292,8 @@ class Row:
     forward_tokens: float | None = None
     """Median over updates of the padded tokens of every forward pass of the update."""
     steps: int = 0
-    unfinished: int = 0
-    """Held-out rollouts of the final evaluation that failed or timed out (``unfinished``)."""
+    unfinished: int | None = None
+    """Held-out rollouts of the final evaluation that failed or timed out (``unfinished``; None: unknown)."""
     curve: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]])
     """(training seconds since the start of SFT, held-out reward)."""
     joins: dict[str, float] = field(default_factory=dict[str, float])
@@ -452,9 +452,11 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
     lines.append("")
     ordered = sorted(rows, key=lambda r: (r.arm, r.seed))
     cut = [f"{r.arm} seed {r.seed}: {r.unfinished}" for r in ordered if r.unfinished]
+    unknown = [f"{r.arm} seed {r.seed}" for r in ordered if r.unfinished is None]
     lines.append(
         "Held-out rollouts that failed or timed out in a final evaluation (left out of its mean): "
         + (", ".join(cut) if cut else "none")
+        + (f" (no store to count them: {', '.join(unknown)})" if unknown else "")
         + "."
     )
     by_arm: dict[str, list[Row]] = {}
@@ -560,13 +562,16 @@ async def _last_evaluation(store_path: Path, *, render: bool) -> dict[str, tuple
         await store.close()
 
 
-def unfinished(store_path: Path) -> int:
-    """Held-out rollouts of the run's last evaluation that failed or timed out. The loop's held-out mean
-    leaves them out (it never scores what did not finish), so the table counts them: a score is only
-    the score of all held-out tasks when this is 0."""
+def unfinished(store_path: Path) -> int | None:
+    """Held-out rollouts of the run's last evaluation that failed or timed out (None: no store to read).
+    The loop's held-out mean leaves them out (it never scores what did not finish), so the table counts
+    them: a score is the score of all held-out tasks only when this is 0."""
     import asyncio
 
     from lightning_rl.types import RolloutStatus
+
+    if not store_path.exists():
+        return None
 
     runs = asyncio.run(_last_evaluation(store_path, render=False))
     return sum(r.status != RolloutStatus.SUCCEEDED for r, _ in runs.values())

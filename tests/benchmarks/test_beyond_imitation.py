@@ -78,6 +78,7 @@ def test_the_report_renders_every_arm_the_sweep_and_c_against_a(tmp_path: Path) 
         and "| 0.25 | 0.55 | **+0.30** | 3.3 min | 6.7 min | 2 | 900, 1200 | 2.5 GB |" in text
     )
     assert "Arm c minus arm a, held-out: seed 0: +0.30." in text
+    assert "(left out of its mean): none (no store to count them: a seed 0" in text
     assert "joins between consecutive calls: canonical 10, spliced 2, split 0" in text
     assert (
         "| 0 | 40 | 0.001 | 0.20 | 0.90 | 120 s | yes |" in text and "| 0 | 20 | 0.001 | 0.10 | n/a | 60 s |  |" in text
