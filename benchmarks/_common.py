@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-__all__ = ["git_commit", "cpu_name", "per_step", "parse_seeds", "generated_line", "RssSampler", "logged_peak_gb"]
+__all__ = [
+    "git_commit",
+    "cpu_name",
+    "per_step",
+    "parse_seeds",
+    "generated_line",
+    "RssSampler",
+    "logged_peak_gb",
+    "paste_block",
+]
 
 
 def git_commit() -> str:
@@ -24,6 +34,17 @@ def git_commit() -> str:
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def paste_block(doc: Path, text: str, block: str) -> None:
+    """Replace what is between ``<!-- block:begin -->`` and ``<!-- block:end -->`` in ``doc`` with ``text``:
+    how a script's output reaches a README, so that no number there is typed by hand."""
+    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
+    content = doc.read_text()
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(content):
+        raise SystemExit(f"{doc} has no {begin} ... {end} block to replace")
+    doc.write_text(pattern.sub(lambda _: f"{begin}\n{text}{end}", content))
 
 
 def cpu_name() -> str:

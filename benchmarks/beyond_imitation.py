@@ -25,6 +25,7 @@ reward per arm over training time), plus every run's folder and log.
     uv run python benchmarks/beyond_imitation.py --model smollm2-135m --arms a,b,c,d --seeds 0-2 \\
         --budget-min 15 --out runs/beyond_imitation
     uv run python benchmarks/beyond_imitation.py --report --out runs/beyond_imitation   # re-render the table
+    uv run python benchmarks/beyond_imitation.py --report --out runs/beyond_imitation --doc docs/beyond_imitation.md
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import RssSampler, cpu_name, git_commit, logged_peak_gb, parse_seeds
+from _common import RssSampler, cpu_name, git_commit, logged_peak_gb, parse_seeds, paste_block
 
 ARMS: dict[str, str] = {
     "a": "SFT only (best of the sweep)",
@@ -626,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
     ap.add_argument("--report", action="store_true", help="run nothing: re-render the table from --out")
+    ap.add_argument("--doc", default=None, help="paste the table into FILE's <!-- beyond-imitation:begin --> block")
     ap.add_argument(
         "--transcripts",
         type=int,
@@ -704,7 +706,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"seed {seed} arm {arm}: {result['before']:.2f} -> {result['after']:.2f} ({wall:.0f} s)", flush=True
                 )
-    print(write_report(out, header))
+    text = write_report(out, header)
+    print(text)
+    if args.doc:
+        paste_block(Path(args.doc), text, "beyond-imitation")
     return 0
 
 

@@ -36,8 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import cpu_name, git_commit, parse_seeds, per_step
-from learning import RunResult, held_out_curve, median_metric, table, update_readme
+from _common import cpu_name, git_commit, parse_seeds, paste_block, per_step
+from learning import RunResult, held_out_curve, median_metric, table
 
 from lightning_rl.demo.calculator import score_answer
 from lightning_rl.testing.fake_judge import FakeJudge
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.paste:
         if not args.doc:
             raise SystemExit("--paste needs --doc FILE")
-        update_readme(Path(args.doc), Path(args.paste).read_text(), BLOCK)
+        paste_block(Path(args.doc), Path(args.paste).read_text(), BLOCK)
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "judge_learning.json").write_text(json.dumps(payload, indent=2))
     if args.doc:
-        update_readme(Path(args.doc), text, BLOCK)
+        paste_block(Path(args.doc), text, BLOCK)
     return 0
 
 

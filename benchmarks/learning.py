@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import RssSampler, cpu_name, git_commit, logged_peak_gb, parse_seeds
+from _common import RssSampler, cpu_name, git_commit, logged_peak_gb, parse_seeds, paste_block
 
 DEFAULT_BLOCK = "learning"
 
@@ -213,15 +212,6 @@ def plot_rss(results: list[RunResult], path: Path) -> None:
     _plot(path, "lightning-rl demo: memory over a run", "minutes", "resident memory (GB, sampled every 0.25 s)", lines)
 
 
-def update_readme(readme: Path, text: str, block: str = DEFAULT_BLOCK) -> None:
-    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
-    content = readme.read_text()
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(content):
-        raise SystemExit(f"{readme} has no {begin} ... {end} block to replace")
-    readme.write_text(pattern.sub(lambda _: f"{begin}\n{text}{end}", content))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0-4", help="seeds to run: 0-4, or 0,2,5")
@@ -247,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.paste:
         if not args.readme:
             raise SystemExit("--paste needs --readme FILE: the file whose learning block gets the table")
-        update_readme(Path(args.readme), Path(args.paste).read_text(), args.block)
+        paste_block(Path(args.readme), Path(args.paste).read_text(), args.block)
         return 0
     if args.repeat < 1:
         raise SystemExit("--repeat must be >= 1")
@@ -284,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(results, out / "learning.png")
     plot_rss(results, out / "rss.png")
     if args.readme:
-        update_readme(Path(args.readme), text, args.block)
+        paste_block(Path(args.readme), text, args.block)
     return 0
 
 

@@ -38,7 +38,6 @@ import json
 import math
 import platform
 import random
-import re
 import statistics
 import sys
 import time
@@ -48,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import generated_line
+from _common import generated_line, paste_block
 
 from lightning_rl import semconv
 from lightning_rl.algorithms.apo_render import render_rollout
@@ -66,7 +65,6 @@ __all__ = [
     "judge_mode",
     "report",
     "raw_scores",
-    "paste",
     "main",
 ]
 
@@ -261,16 +259,6 @@ def report(results: Sequence[ModeResult], *, header: str, groups: int, size: int
     return "\n".join(lines)
 
 
-def paste(doc: Path, text: str, block: str = BLOCK) -> None:
-    """Replace what is between ``<!-- block:begin -->`` and ``<!-- block:end -->`` in ``doc`` with ``text``."""
-    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
-    content = doc.read_text()
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(content):
-        raise SystemExit(f"{doc} has no {begin} ... {end} block to replace")
-    doc.write_text(pattern.sub(lambda _: f"{begin}\n{text}{end}", content))
-
-
 def example_rubric() -> str:
     """The rubric of ``examples/calculator/grpo_judge.toml``."""
     return str(tomllib.loads(EXAMPLE.read_text())["algorithm"]["judge"]["rubric"]).strip()
@@ -368,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     text = asyncio.run(run(args, argv))
     print(text)
     if args.doc:
-        paste(Path(args.doc), text)
+        paste_block(Path(args.doc), text, BLOCK)
         print(f"pasted into {args.doc}", file=sys.stderr)
     return 0
 

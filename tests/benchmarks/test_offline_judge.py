@@ -98,7 +98,7 @@ async def test_a_run_against_the_scripted_judge_reports_both_modes_and_pastes(tm
     assert (
         [s > 0.5 for s in first["scores"]["logprobs"]] == first["right"] == [s > 0.5 for s in first["scores"]["group"]]
     )
-    bench.paste(doc, text)
+    bench.paste_block(doc, text, bench.BLOCK)
     pasted = doc.read_text()
     assert pasted.startswith("before\n<!-- offline-judge:begin -->\nGenerated ") and pasted.endswith(
         "<!-- offline-judge:end -->\nafter\n"
