@@ -4,29 +4,17 @@ GRPO arm) with the tiny model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "beyond_imitation.py"
+from .conftest import load_benchmark
 
 
 def _module() -> ModuleType:
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling _common
-    try:
-        spec = importlib.util.spec_from_file_location("bench_beyond_imitation_under_test", SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    return load_benchmark("beyond_imitation")
 
 
 HEADER = {

@@ -10,7 +10,6 @@ contract: one learns, one hangs (killed at the timeout), one exits with an error
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,22 +19,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "examples.py"
 BEGIN, END = "<!-- benchmarks/examples.py:begin -->", "<!-- benchmarks/examples.py:end -->"
 
 
 def _module() -> ModuleType:
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling _common
-    try:
-        spec = importlib.util.spec_from_file_location("bench_examples_under_test", SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    return load_benchmark("examples")
 
 
 def _rows(before: float, after: float, n_val: int, errors: list[float], *, seed: int) -> list[dict[str, Any]]:

@@ -3,10 +3,8 @@ against the scripted judge (``--base-url``), both modes, pasted into a doc's blo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,21 +12,11 @@ import pytest
 
 from lightning_rl.testing.fake_judge import FakeJudge
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "offline_judge.py"
+from .conftest import load_benchmark
 
 
 def _module() -> ModuleType:
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling _common
-    try:
-        spec = importlib.util.spec_from_file_location("bench_offline_judge_under_test", SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    return load_benchmark("offline_judge")
 
 
 bench = _module()

@@ -9,38 +9,21 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from lightning_rl.rewards import GroupJudge, JudgeConfig, JudgeRequestError
+from lightning_rl.rewards import GroupJudge, JudgeRequestError
 from lightning_rl.testing.fake_judge import FakeJudge
 
-
-def _config(url: str, **overrides: Any) -> JudgeConfig:
-    settings: dict[str, Any] = {
-        "model": "fake-judge",
-        "base_url": url,
-        "backoff_s": 0.001,
-        "max_backoff_s": 0.05,
-        "timeout_s": 2.0,
-        "cache": False,
-    }
-    return JudgeConfig(**{**settings, **overrides})
-
-
-def _by_content(text: str) -> float:
-    """The scripted judge's taste: a trajectory saying 'right' is good."""
-    return 1.0 if "right" in text else 0.1
-
+from .conftest import by_content, judge_config
 
 GROUP = ["answer: wrong 1", "answer: right", "answer: wrong 2", "answer: wrong 3"]
 
 
 async def test_scores_follow_the_content_whatever_order_each_call_shows() -> None:
-    fake = FakeJudge(_by_content)
+    fake = FakeJudge(by_content)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url))
+        judge = GroupJudge(judge_config(url))
         results = await judge.score_groups([GROUP] * 12)
     assert all(r == [0.1, 1.0, 0.1, 0.1] for r in results)
     assert len({tuple(shown) for shown in fake.shown}) > 1  # the order really changed between calls
@@ -56,8 +39,8 @@ async def test_a_judge_biased_by_position_does_not_pass_its_bias_to_any_rollout(
 
     fake = FakeJudge(position_scorer=first_is_best)
     async with fake.running() as url:
-        one_pass = await GroupJudge(_config(url, seed=3)).score_groups([GROUP] * 40)
-        two_passes = await GroupJudge(_config(url, two_passes=True)).score_groups([GROUP] * 5)
+        one_pass = await GroupJudge(judge_config(url, seed=3)).score_groups([GROUP] * 40)
+        two_passes = await GroupJudge(judge_config(url, two_passes=True)).score_groups([GROUP] * 5)
     # one pass: the top score lands on every rollout in turn, not on the one listed first
     winners = [max(range(4), key=lambda i, r=r: r[i]) for r in one_pass if r is not None]
     assert set(winners) == {0, 1, 2, 3}
@@ -69,9 +52,9 @@ async def test_a_judge_biased_by_position_does_not_pass_its_bias_to_any_rollout(
 
 @pytest.mark.parametrize("fault", ["malformed", "out_of_range", "wrong_count", "empty", "429", "500", "503"])
 async def test_a_bad_answer_or_a_transient_error_is_retried(fault: str) -> None:
-    fake = FakeJudge(_by_content, faults=[fault])
+    fake = FakeJudge(by_content, faults=[fault])
     async with fake.running() as url:
-        judge = GroupJudge(_config(url))
+        judge = GroupJudge(judge_config(url))
         (scores,) = await judge.score_groups([GROUP])
     assert scores == [0.1, 1.0, 0.1, 0.1]
     assert judge.stats.calls == 2 and judge.stats.retries == 1
@@ -80,9 +63,9 @@ async def test_a_bad_answer_or_a_transient_error_is_retried(fault: str) -> None:
 
 
 async def test_a_timeout_is_retried() -> None:
-    fake = FakeJudge(_by_content, faults=["timeout"], slow_s=3.0)
+    fake = FakeJudge(by_content, faults=["timeout"], slow_s=3.0)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url, timeout_s=0.3))
+        judge = GroupJudge(judge_config(url, timeout_s=0.3))
         started = time.perf_counter()
         (scores,) = await judge.score_groups([GROUP])
         elapsed = time.perf_counter() - started
@@ -92,9 +75,9 @@ async def test_a_timeout_is_retried() -> None:
 
 
 async def test_a_group_that_fails_for_good_is_none_never_zero() -> None:
-    fake = FakeJudge(_by_content, faults=["malformed", "500", "out_of_range"])
+    fake = FakeJudge(by_content, faults=["malformed", "500", "out_of_range"])
     async with fake.running() as url:
-        judge = GroupJudge(_config(url, max_retries=2))
+        judge = GroupJudge(judge_config(url, max_retries=2))
         (failed,) = await judge.score_groups([GROUP])  # three tries, three faults
         (fine,) = await judge.score_groups([GROUP])
     assert failed is None
@@ -104,11 +87,11 @@ async def test_a_group_that_fails_for_good_is_none_never_zero() -> None:
 
 
 async def test_an_endpoint_without_structured_output_gets_plain_json_from_then_on() -> None:
-    fake = FakeJudge(_by_content, supports_json_schema=False, fenced=True)
+    fake = FakeJudge(by_content, supports_json_schema=False, fenced=True)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url, concurrency=1))
+        judge = GroupJudge(judge_config(url, concurrency=1))
         results = await judge.score_groups([GROUP, GROUP, GROUP])
-        strict = GroupJudge(_config(url, structured_output="json_schema"))
+        strict = GroupJudge(judge_config(url, structured_output="json_schema"))
         (refused,) = await strict.score_groups([GROUP])
     assert results == [[0.1, 1.0, 0.1, 0.1]] * 3
     assert "response_format" in fake.requests[0]
@@ -119,9 +102,9 @@ async def test_an_endpoint_without_structured_output_gets_plain_json_from_then_o
 
 @pytest.mark.parametrize(("fault", "model"), [("401", "fake-judge"), ("ok", "no-such-model")])
 async def test_a_refused_key_or_unknown_model_stops_with_what_to_check(fault: str, model: str) -> None:
-    fake = FakeJudge(_by_content, faults=[fault])
+    fake = FakeJudge(by_content, faults=[fault])
     async with fake.running() as url:
-        judge = GroupJudge(_config(url, model=model, api_key="sk-test"))
+        judge = GroupJudge(judge_config(url, model=model, api_key="sk-test"))
         with pytest.raises(JudgeRequestError, match="judge.model") as info:
             await judge.score_groups([GROUP])
     assert isinstance(info.value, RuntimeError)
@@ -130,22 +113,22 @@ async def test_a_refused_key_or_unknown_model_stops_with_what_to_check(fault: st
 
 async def test_the_api_key_comes_from_the_named_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_JUDGE_KEY", "sk-from-env")
-    fake = FakeJudge(_by_content)
+    fake = FakeJudge(by_content)
     async with fake.running() as url:
-        await GroupJudge(_config(url, api_key_env="MY_JUDGE_KEY")).score_groups([GROUP])
+        await GroupJudge(judge_config(url, api_key_env="MY_JUDGE_KEY")).score_groups([GROUP])
     assert fake.headers[0]["authorization"] == "Bearer sk-from-env"
 
 
 async def test_the_cache_answers_the_same_group_rubric_and_model_without_a_call(tmp_path: Path) -> None:
-    fake = FakeJudge(_by_content)
+    fake = FakeJudge(by_content)
     async with fake.running() as url:
-        first = GroupJudge(_config(url, cache=True), cache_dir=tmp_path)
+        first = GroupJudge(judge_config(url, cache=True), cache_dir=tmp_path)
         (scores,) = await first.score_groups([GROUP])
-        again = GroupJudge(_config(url, cache=True), cache_dir=tmp_path)  # a new run, same folder
+        again = GroupJudge(judge_config(url, cache=True), cache_dir=tmp_path)  # a new run, same folder
         (cached,) = await again.score_groups([GROUP])
-        other_rubric = GroupJudge(_config(url, cache=True, rubric="Prefer brevity."), cache_dir=tmp_path)
+        other_rubric = GroupJudge(judge_config(url, cache=True, rubric="Prefer brevity."), cache_dir=tmp_path)
         await other_rubric.score_groups([GROUP])
-        other_group = GroupJudge(_config(url, cache=True), cache_dir=tmp_path)
+        other_group = GroupJudge(judge_config(url, cache=True), cache_dir=tmp_path)
         await other_group.score_groups([[*GROUP[:3], "answer: right again"]])
     assert cached == scores
     assert (first.stats.cache_misses, first.stats.calls) == (1, 1)
@@ -157,19 +140,20 @@ async def test_the_cache_answers_the_same_group_rubric_and_model_without_a_call(
 
 
 async def test_a_failed_group_is_not_cached(tmp_path: Path) -> None:
-    fake = FakeJudge(_by_content, faults=["malformed"])
+    fake = FakeJudge(by_content, faults=["malformed"])
     async with fake.running() as url:
-        (failed,) = await GroupJudge(_config(url, cache=True, max_retries=0), cache_dir=tmp_path).score_groups([GROUP])
-        retry = GroupJudge(_config(url, cache=True), cache_dir=tmp_path)
+        once = GroupJudge(judge_config(url, cache=True, max_retries=0), cache_dir=tmp_path)
+        (failed,) = await once.score_groups([GROUP])
+        retry = GroupJudge(judge_config(url, cache=True), cache_dir=tmp_path)
         (scores,) = await retry.score_groups([GROUP])
     assert failed is None and scores == [0.1, 1.0, 0.1, 0.1]
     assert retry.stats.cache_misses == 1 and retry.stats.calls == 1
 
 
 async def test_requests_in_flight_never_exceed_the_concurrency_limit() -> None:
-    fake = FakeJudge(_by_content, delay_s=0.05)
+    fake = FakeJudge(by_content, delay_s=0.05)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url, concurrency=2))
+        judge = GroupJudge(judge_config(url, concurrency=2))
         results = await judge.score_groups([GROUP] * 8)
     assert all(r is not None for r in results)
     assert fake.max_in_flight == 2

@@ -27,22 +27,11 @@ from lightning_rl.rewards import (
 )
 from lightning_rl.testing.fake_judge import FakeJudge, digit_distribution, trajectories_in
 
-
-def _config(url: str, **overrides: Any) -> JudgeConfig:
-    settings: dict[str, Any] = {
-        "model": "fake-judge",
-        "base_url": url,
-        "scoring": "logprobs",
-        "backoff_s": 0.001,
-        "max_backoff_s": 0.05,
-        "timeout_s": 2.0,
-        "cache": False,
-    }
-    return JudgeConfig(**{**settings, **overrides})
+from .conftest import by_content, judge_config
 
 
-def _by_content(text: str) -> float:
-    return 1.0 if "right" in text else 0.1
+def _logprob_config(url: str, **overrides: Any) -> JudgeConfig:
+    return judge_config(url, **{"scoring": "logprobs", **overrides})
 
 
 def _top(*pairs: tuple[str, float]) -> list[dict[str, Any]]:
@@ -109,9 +98,9 @@ def test_the_prompt_shows_the_rubric_and_one_trajectory_and_asks_for_one_digit()
 
 
 async def test_one_call_per_trajectory_asks_for_one_token_with_its_top_logprobs() -> None:
-    fake = FakeJudge(_by_content)
+    fake = FakeJudge(by_content)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url))
+        judge = GroupJudge(_logprob_config(url))
         (scores,) = await judge.score_groups([GROUP])
     assert scores == pytest.approx([0.1, 1.0, 0.1, 0.1])
     assert sorted(text for shown in fake.shown for text in shown) == sorted(GROUP)  # one trajectory a call
@@ -126,7 +115,7 @@ async def test_scripted_logprobs_give_their_weighted_mean_and_duplicates_are_ask
     tops = {"a": [("3", 0.6), ("5", 0.2), ("I", 0.2)], "b": [("8", 0.5), ("9", 0.5)]}
     fake = FakeJudge(digit_logprobs=lambda text: tops[text[-1]])
     async with fake.running() as url:
-        judge = GroupJudge(_config(url))
+        judge = GroupJudge(_logprob_config(url))
         (scores,) = await judge.score_groups([["answer a", "answer b", "answer a"]])
     assert scores == pytest.approx([3.5 / 9, 8.5 / 9, 3.5 / 9])
     assert judge.stats.calls == 2  # "answer a" twice in the group, asked once
@@ -134,11 +123,11 @@ async def test_scripted_logprobs_give_their_weighted_mean_and_duplicates_are_ask
 
 async def test_a_trajectory_without_a_digit_is_retried_then_its_group_is_left_out() -> None:
     def no_digit_for_wrong_2(text: str) -> list[tuple[str, float]]:
-        return [("Hmm", 1.0)] if "wrong 2" in text else digit_distribution(_by_content(text))
+        return [("Hmm", 1.0)] if "wrong 2" in text else digit_distribution(by_content(text))
 
     fake = FakeJudge(faults=["malformed"], digit_logprobs=no_digit_for_wrong_2)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url, max_retries=2, concurrency=1))
+        judge = GroupJudge(_logprob_config(url, max_retries=2, concurrency=1))
         failed, fine = await judge.score_groups([GROUP, [GROUP[0], GROUP[1]]])
     assert failed is None  # never a 0 for the judge's failure
     assert fine == pytest.approx([0.1, 1.0])
@@ -149,18 +138,18 @@ async def test_a_trajectory_without_a_digit_is_retried_then_its_group_is_left_ou
 
 
 async def test_an_endpoint_that_ignores_logprobs_is_read_from_its_text_digit() -> None:
-    fake = FakeJudge(_by_content, supports_logprobs=False)
+    fake = FakeJudge(by_content, supports_logprobs=False)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url))
+        judge = GroupJudge(_logprob_config(url))
         (scores,) = await judge.score_groups([GROUP])
     assert scores == pytest.approx([1 / 9, 1.0, 1 / 9, 1 / 9])  # the nearest digits: 1 and 9
     assert judge.stats.errors == {}
 
 
 async def test_an_endpoint_that_refuses_logprobs_is_asked_for_text_from_then_on() -> None:
-    fake = FakeJudge(_by_content, rejects_logprobs=True)
+    fake = FakeJudge(by_content, rejects_logprobs=True)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url, concurrency=1))
+        judge = GroupJudge(_logprob_config(url, concurrency=1))
         results = await judge.score_groups([GROUP, GROUP])
     assert results == [pytest.approx([1 / 9, 1.0, 1 / 9, 1 / 9])] * 2
     assert fake.requests[0]["logprobs"] is True
@@ -169,15 +158,15 @@ async def test_an_endpoint_that_refuses_logprobs_is_asked_for_text_from_then_on(
 
 
 async def test_the_cache_keeps_each_trajectory_apart_from_the_group_mode(tmp_path: Path) -> None:
-    fake = FakeJudge(_by_content)
+    fake = FakeJudge(by_content)
     async with fake.running() as url:
-        first = GroupJudge(_config(url, cache=True), cache_dir=tmp_path)
+        first = GroupJudge(_logprob_config(url, cache=True), cache_dir=tmp_path)
         (scores,) = await first.score_groups([GROUP])
-        again = GroupJudge(_config(url, cache=True), cache_dir=tmp_path)  # a new run, same folder
+        again = GroupJudge(_logprob_config(url, cache=True), cache_dir=tmp_path)  # a new run, same folder
         (cached,) = await again.score_groups([GROUP])
-        grown = GroupJudge(_config(url, cache=True), cache_dir=tmp_path)
+        grown = GroupJudge(_logprob_config(url, cache=True), cache_dir=tmp_path)
         (mixed,) = await grown.score_groups([[*GROUP[:3], "answer: right again"]])
-        grouped = GroupJudge(_config(url, cache=True, scoring="group"), cache_dir=tmp_path)
+        grouped = GroupJudge(_logprob_config(url, cache=True, scoring="group"), cache_dir=tmp_path)
         await grouped.score_groups([GROUP])
     assert (first.stats.cache_misses, first.stats.cache_hits, first.stats.calls) == (4, 0, 4)
     assert cached == scores and (again.stats.cache_hits, again.stats.calls) == (4, 0)
@@ -190,14 +179,14 @@ async def test_a_failed_group_is_not_cached_but_its_scored_trajectories_are(tmp_
     broken = {"wrong 1": True}
 
     def top(text: str) -> list[tuple[str, float]]:
-        return [("Hmm", 1.0)] if broken["wrong 1"] and "wrong 1" in text else digit_distribution(_by_content(text))
+        return [("Hmm", 1.0)] if broken["wrong 1"] and "wrong 1" in text else digit_distribution(by_content(text))
 
     fake = FakeJudge(digit_logprobs=top)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url, cache=True, max_retries=1), cache_dir=tmp_path)
+        judge = GroupJudge(_logprob_config(url, cache=True, max_retries=1), cache_dir=tmp_path)
         (failed,) = await judge.score_groups([GROUP[:2]])
         broken["wrong 1"] = False
-        again = GroupJudge(_config(url, cache=True), cache_dir=tmp_path)
+        again = GroupJudge(_logprob_config(url, cache=True), cache_dir=tmp_path)
         (scores,) = await again.score_groups([GROUP[:2]])
     assert failed is None and judge.stats.errors == {"malformed": 2} and judge.stats.failed_groups == 1
     assert scores == pytest.approx([0.1, 1.0])
@@ -205,9 +194,9 @@ async def test_a_failed_group_is_not_cached_but_its_scored_trajectories_are(tmp_
 
 
 async def test_a_groups_calls_share_the_concurrency_limit() -> None:
-    fake = FakeJudge(_by_content, delay_s=0.05)
+    fake = FakeJudge(by_content, delay_s=0.05)
     async with fake.running() as url:
-        judge = GroupJudge(_config(url, concurrency=3))
+        judge = GroupJudge(_logprob_config(url, concurrency=3))
         results = await judge.score_groups([[f"answer {i}" for i in range(8)], [f"other {i}" for i in range(8)]])
     assert all(r is not None and len(r) == 8 for r in results)
     assert fake.max_in_flight == 3 and judge.stats.calls == 16
