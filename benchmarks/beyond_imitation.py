@@ -578,6 +578,48 @@ def unfinished(store_path: Path) -> int | None:
     return sum(r.status != RolloutStatus.SUCCEEDED for r, _ in runs.values())
 
 
+async def _tool_calls_per_rollout(store_path: Path) -> dict[int, list[int]]:
+    """Per training step (the rollouts' weights version), each rollout's number of model turns that
+    called a tool (a call the gateway parsed; a malformed one counts as text)."""
+    from lightning_rl import semconv
+    from lightning_rl.store import SQLiteStore
+
+    store = SQLiteStore(store_path)
+    try:
+        steps: dict[int, list[int]] = {}
+        for r in await store.query_rollouts(mode="train", limit=10_000):
+            spans = await store.query_spans(rollout_id=r.id, name=semconv.SPAN_LLM_CALL)
+            calling = sum(1 for s in spans if json.loads(str(s.attributes.get(semconv.TOOL_CALLS) or "[]")))
+            steps.setdefault(r.resources_version or 0, []).append(calling)
+        return steps
+    finally:
+        await store.close()
+
+
+def calls_report(run_dir: Path) -> str:
+    """How often the sampled policy of an RL arm called the tool twice or more, step by step: whether
+    the move that earns the reward is ever sampled, hence whether RL has anything to reinforce."""
+    import asyncio
+
+    steps = asyncio.run(_tool_calls_per_rollout(run_dir / "store.sqlite"))
+    rewards = {
+        int(r["step"]): float(r["train/reward_mean"])
+        for r in _rows(run_dir / "metrics.jsonl")
+        if "train/reward_mean" in r
+    }
+    lines = [
+        f"Training rollouts of `{run_dir}` per step: how many of their turns called the tool (parsed calls), "
+        "and the step's mean reward.",
+        "",
+    ]
+    lines += ["| step | rollouts | 0 calls | 1 call | 2+ calls | reward mean |", "|---:|---:|---:|---:|---:|---:|"]
+    for step, (_, counts) in enumerate(sorted(steps.items()), start=1):
+        zero, one = counts.count(0), counts.count(1)
+        more = len(counts) - zero - one
+        lines.append(f"| {step} | {len(counts)} | {zero} | {one} | {more} | {_num(rewards.get(step), '.3f')} |")
+    return "\n".join(lines) + "\n"
+
+
 def transcripts(out: Path, seed: int, n: int, arm: str = "c") -> str:
     """Held-out transcripts of one seed: arm a (the SFT model's test evaluation) against ``arm``'s last
     evaluation, on ``n`` tasks that ``arm`` solved and arm a did not (then any others), as markdown."""
@@ -627,6 +669,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
     ap.add_argument("--report", action="store_true", help="run nothing: re-render the table from --out")
+    ap.add_argument(
+        "--calls",
+        default=None,
+        metavar="RUN_DIR",
+        help="run nothing: per step, how many training rollouts of an RL arm's folder called the tool 0, 1, 2+ times",
+    )
     ap.add_argument("--doc", default=None, help="paste the table into FILE's <!-- beyond-imitation:begin --> block")
     ap.add_argument(
         "--transcripts",
@@ -645,6 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     p = settings(args)
+    if args.calls is not None:
+        print(calls_report(Path(args.calls)))
+        return 0
     if args.transcripts is not None:
         print(transcripts(out, args.transcripts, 3))
         return 0
