@@ -314,6 +314,7 @@ async def run(args: argparse.Namespace, argv: list[str] | None) -> str:
             print(f"{mode}: {result.summary} in {result.seconds:.1f} s", file=sys.stderr, flush=True)
             results.append(result)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(raw_scores(groups, results), indent=1) + "\n")
     threads = "" if args.base_url else f"; torch threads: {args.threads}"
     machine = f"Python {platform.python_version()}{threads}"

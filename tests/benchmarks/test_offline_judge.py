@@ -67,7 +67,7 @@ async def test_a_run_against_the_scripted_judge_reports_both_modes_and_pastes(tm
     fake = FakeJudge(_knows_the_answer, model="judge-x")
     async with fake.running() as url:
         argv = ["--groups", "3", "--group-size", "4", "--base-url", url, "--model", "judge-x"]
-        argv += ["--json", str(tmp_path / "scores.json")]
+        argv += ["--json", str(tmp_path / "new" / "scores.json")]  # a folder that does not exist yet
         text = await bench.run(bench.parse_args(argv), argv)
     lines = text.splitlines()
     assert lines[0].startswith("Generated ") and "benchmarks/offline_judge.py --groups 3" in lines[0]
@@ -80,7 +80,7 @@ async def test_a_run_against_the_scripted_judge_reports_both_modes_and_pastes(tm
     distinct = sum(len({t.text for t in g}) for g in bench.build_groups(3, 4, seed=0))
     assert distinct < 12  # the two right answers of a group read the same: asked once
     assert rows["logprobs"].split(" | ")[7] == str(distinct) and rows["group"].split(" | ")[7] == "3"
-    raw = json.loads((tmp_path / "scores.json").read_text())
+    raw = json.loads((tmp_path / "new" / "scores.json").read_text())
     assert len(raw["groups"]) == 3 and raw["errors"] == {"logprobs": {}, "group": {}}
     first = raw["groups"][0]
     assert (
