@@ -597,8 +597,9 @@ async def _tool_calls_per_rollout(store_path: Path) -> dict[int, list[int]]:
 
 
 def calls_report(run_dir: Path) -> str:
-    """How often the sampled policy of an RL arm called the tool twice or more, step by step: whether
-    the move that earns the reward is ever sampled, hence whether RL has anything to reinforce."""
+    """How often the sampled policy of an RL arm called the tool 0, 1, 2 or more times, step by step:
+    whether the move that earns the reward (two calls) is ever sampled, hence whether RL has anything to
+    reinforce, and whether it overshoots (a third call fails: every number is used)."""
     import asyncio
 
     steps = asyncio.run(_tool_calls_per_rollout(run_dir / "store.sqlite"))
@@ -612,11 +613,12 @@ def calls_report(run_dir: Path) -> str:
         "and the step's mean reward.",
         "",
     ]
-    lines += ["| step | rollouts | 0 calls | 1 call | 2+ calls | reward mean |", "|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| step | rollouts | 0 calls | 1 call | 2 calls | 3+ calls | reward mean |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for step, (_, counts) in enumerate(sorted(steps.items()), start=1):
-        zero, one = counts.count(0), counts.count(1)
-        more = len(counts) - zero - one
-        lines.append(f"| {step} | {len(counts)} | {zero} | {one} | {more} | {_num(rewards.get(step), '.3f')} |")
+        by = [counts.count(0), counts.count(1), counts.count(2)]
+        more = len(counts) - sum(by)
+        cells = " | ".join(str(n) for n in by)
+        lines.append(f"| {step} | {len(counts)} | {cells} | {more} | {_num(rewards.get(step), '.3f')} |")
     return "\n".join(lines) + "\n"
 
 
