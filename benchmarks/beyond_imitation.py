@@ -613,7 +613,10 @@ def calls_report(run_dir: Path) -> str:
         "and the step's mean reward.",
         "",
     ]
-    lines += ["| step | rollouts | 0 calls | 1 call | 2 calls | 3+ calls | reward mean |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| step | rollouts | 0 calls | 1 call | 2 calls | 3+ calls | reward mean |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for step, (_, counts) in enumerate(sorted(steps.items()), start=1):
         by = [counts.count(0), counts.count(1), counts.count(2)]
         more = len(counts) - sum(by)
