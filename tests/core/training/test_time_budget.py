@@ -44,6 +44,22 @@ def test_the_time_budget_stops_training_and_still_validates_at_the_end(tmp_path:
         _config(tmp_path, tiny_model_path, time_budget_s=0.0)
 
 
+def test_no_step_starts_that_would_end_past_the_budget_at_the_last_steps_pace(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    tasks = [Task(input={"q": f"tell me about {w}"}) for w in ("cats", "rain", "tea")]
+    budget = 2.0
+    Trainer(_config(tmp_path, tiny_model_path, time_budget_s=budget, val_every=0)).fit(length_agent, tasks)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [(r["train/elapsed_s"], r["train/step_s"]) for r in rows if "train/elapsed_s" in r]
+    assert len(steps) >= 2  # a tiny-model step takes well under a second
+    # every step after which training went on had room for one more step at its own pace ...
+    assert all(elapsed + pace <= budget for elapsed, pace in steps[:-1])
+    # ... and the last one did not (unless the step limit ended the run first)
+    if len(steps) < 50:
+        assert steps[-1][0] + steps[-1][1] > budget
+
+
 def test_evaluate_scores_the_model_without_training_it(tmp_path: Path, tiny_model_path: Path) -> None:
     tasks = [Task(input={"q": f"tell me about {w}"}) for w in ("cats", "rain")]
     score = Trainer(_config(tmp_path, tiny_model_path, val_temperature=0.0)).evaluate(length_agent, tasks)

@@ -76,9 +76,10 @@ class TrainerConfig:
     the loss masked to the policy's own tokens (``lightning_rl.sequences``), the usual way of training a
     multi-turn agent, kept for comparison (``benchmarks/beyond_imitation.py``). Policy gradient only."""
     time_budget_s: float | None = None
-    """Stop after the step during which the training time reaches this many seconds (``steps`` stays
-    the most): the time of the steps themselves (rollouts, update, publish), without validation, so
-    that runs compared at one budget spend it on training alone. None: run every step."""
+    """Training time, in seconds, a run may spend (``steps`` stays the most): the time of the steps
+    themselves (rollouts, update, publish), without validation, so that runs compared at one budget
+    spend it on training alone. A step starts only if, taking as long as the step before it, it would
+    end within the budget (the first step always runs). None: run every step."""
     skip_zero_advantage: bool = True
     """Leave transitions with zero advantage out of the update (no gradient without a KL term)."""
     update_rule: str = "policy_gradient"

@@ -243,8 +243,10 @@ class Trainer:
                 row = await self._train_step(svc, step, rng.sample(train_tasks, min(cfg.batch_size, len(train_tasks))))
                 last, trained_s = step, trained_s + row["train/step_s"]
                 row["train/elapsed_s"] = trained_s  # training time so far, validation excluded
-                # the time budget counts training only, so validation never eats into it
-                out_of_time = cfg.time_budget_s is not None and trained_s >= cfg.time_budget_s
+                # the time budget counts training only, so validation never eats into it; no step starts
+                # that would end past it if it took as long as this one (steps grow as episodes lengthen:
+                # "start while under budget" once let a 20-minute arm train 27)
+                out_of_time = cfg.time_budget_s is not None and trained_s + row["train/step_s"] > cfg.time_budget_s
                 final = step == cfg.steps or out_of_time
                 if val_tasks and cfg.val_every and step % cfg.val_every == 0 and not final:
                     val_after = await self._validate(svc, val_tasks, step, metrics, bar)
