@@ -680,7 +680,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RUN_DIR",
         help="run nothing: per step, how many training rollouts of an RL arm's folder called the tool 0, 1, 2+ times",
     )
-    ap.add_argument("--doc", default=None, help="paste the table into FILE's <!-- beyond-imitation:begin --> block")
+    ap.add_argument("--doc", default=None, help="paste the output (table, --calls, --transcripts) into FILE's --block")
+    ap.add_argument("--block", default="beyond-imitation", help="the block of --doc: <!-- BLOCK:begin -->")
     ap.add_argument(
         "--transcripts",
         type=int,
@@ -698,11 +699,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     p = settings(args)
-    if args.calls is not None:
-        print(calls_report(Path(args.calls)))
-        return 0
-    if args.transcripts is not None:
-        print(transcripts(out, args.transcripts, 3))
+    if args.calls is not None or args.transcripts is not None:
+        text = calls_report(Path(args.calls)) if args.calls is not None else transcripts(out, args.transcripts, 3)
+        print(text)
+        if args.doc:
+            paste_block(Path(args.doc), text, args.block)
         return 0
     if args.child is not None:  # inside one run's own process
         _quiet()
@@ -765,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     text = write_report(out, header)
     print(text)
     if args.doc:
-        paste_block(Path(args.doc), text, "beyond-imitation")
+        paste_block(Path(args.doc), text, args.block)
     return 0
 
 
