@@ -1,8 +1,10 @@
 """RL beyond imitation (issue 41): what does RL add over SFT on the same demonstrations?
 
 The task (``lightning_rl.demo.two_step``): two-operation calculator questions ("What is 7 times 12,
-plus 5?") that need two tool calls in a row, while the demonstrations show only one-operation
-questions (one call, then the report). No arm starts from a deliberately degraded model. Per seed:
+plus 5?") that need two tool calls in a row, while the demonstrations show mostly one-operation
+questions (one call, then the report) and ``--two-op-demos`` two-operation ones, turn by turn (with
+none, the SFT model never calls twice and RL has nothing to reinforce: docs/beyond_imitation.md). No
+arm starts from a deliberately degraded model. Per seed:
 
 - **a** SFT only: ``sft_on_chats`` on the demonstrations for each (steps, lr) of ``--sweep``, each
   scored greedily on the validation split; the best is arm a, and the start of every other arm.
@@ -23,7 +25,8 @@ reward per arm over training time), plus every run's folder and log.
 
     uv run python benchmarks/beyond_imitation.py --smoke --out runs/beyond_smoke        # every arm, tiny model, minutes
     uv run python benchmarks/beyond_imitation.py --model smollm2-135m --arms a,b,c,d --seeds 0-2 \\
-        --budget-min 15 --out runs/beyond_imitation
+        --two-op-demos 100 --sweep 40:1e-3,80:1e-3 --budget-min 20 --threads 2 --out runs/beyond_imitation
+    uv run python benchmarks/beyond_imitation.py --calls runs/beyond_imitation/seed0/c   # tool calls per step
     uv run python benchmarks/beyond_imitation.py --report --out runs/beyond_imitation   # re-render the table
     uv run python benchmarks/beyond_imitation.py --report --out runs/beyond_imitation --doc docs/beyond_imitation.md
 """
