@@ -139,13 +139,19 @@ def test_ctrl_c_cancels_the_running_job(store_path: Path, tmp_path: Path) -> Non
         env = {**os.environ, "OPENAI_API_KEY": FAKE_API_KEY}
         argv = [sys.executable, "-m", "lightning_rl.cli", "export", "sft", "--store", str(store_path)]
         argv += ["--hosted", api.base_url, "--base-model", "gpt-test", "--poll-max", "2"]
-        child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert api.running.wait(60), "the job never reached running"
-            child.send_signal(signal.SIGINT)
-            out, err = child.communicate(timeout=60)
-        finally:
-            child.kill()
+        # the context manager closes the pipes whatever happens (a leaked pipe fails a later test
+        # with a ResourceWarning when the garbage collector finds it)
+        with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+            try:
+                assert api.running.wait(60), "the job never reached running"
+                child.send_signal(signal.SIGINT)
+                out, err = child.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, err = child.communicate()
+                pytest.fail(f"the CLI did not exit within 60 s of SIGINT; its output:\n{out}\n{err}")
+            finally:
+                child.kill()
         assert child.returncode == 130, err
         assert api.cancelled.is_set() and next(iter(api.jobs.values()))["status"] == "cancelled"
         assert out.rstrip().endswith(": cancelled"), out
