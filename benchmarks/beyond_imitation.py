@@ -559,8 +559,11 @@ async def _last_evaluation(store_path: Path, *, render: bool) -> dict[str, tuple
         last = max((r.resources_version or 0 for r in rollouts), default=0)
         out: dict[str, tuple[Any, str]] = {}
         for r in (r for r in rollouts if (r.resources_version or 0) == last):
-            text = render_rollout(r, await store.query_spans(rollout_id=r.id), reward=r.final_reward, text_limit=300)
-            out[r.task.id] = (r, text if render else "")
+            if not render:  # counting statuses needs no spans
+                out[r.task.id] = (r, "")
+                continue
+            spans = await store.query_spans(rollout_id=r.id)
+            out[r.task.id] = (r, render_rollout(r, spans, reward=r.final_reward, text_limit=300))
         return out
     finally:
         await store.close()
