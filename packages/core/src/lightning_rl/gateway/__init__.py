@@ -47,22 +47,17 @@ __all__ = [
     "build_llm_spans",
 ]
 
-_WHERE = {
-    "create_gateway_app": "app",
-    "GatewayConfig": "app",
-    "running_gateway": "server",
-    "uvicorn_config": "server",
-    "GatewayBackend": "upstreams",
-    "EngineBackend": "upstreams",
-    "UpstreamBackend": "upstreams",
-    "CallSpec": "upstreams",
-    "CallResult": "upstreams",
-    "ChoiceResult": "upstreams",
-    "StreamPiece": "upstreams",
-    "FrozenRolesBackend": "frozen",
-    "RoleAdaptersBackend": "adapters",
-    "CallContext": "recording",
-    "build_llm_spans": "recording",
+_WHERE = {  # name -> its module
+    name: module
+    for module, names in {
+        "app": "create_gateway_app GatewayConfig",
+        "server": "running_gateway uvicorn_config",
+        "upstreams": "GatewayBackend EngineBackend UpstreamBackend CallSpec CallResult ChoiceResult StreamPiece",
+        "frozen": "FrozenRolesBackend",
+        "adapters": "RoleAdaptersBackend",
+        "recording": "CallContext build_llm_spans",
+    }.items()
+    for name in names.split()
 }
 
 
