@@ -95,6 +95,7 @@ def main() -> None:
                 k = statistics.median(per_call) / 1e3
                 print(f"{name} {src}: {k:.1f} k instructions/call (median of {len(per_call)} rounds)")
                 print(f"  per round: {', '.join(f'{c / 1e3:.1f}' for c in per_call)}")
+            print(f"B / A: {statistics.median(counts[1]) / statistics.median(counts[0]):.3f} instructions per call")
             return
         results: list[list[tuple[float, float]]] = [[], []]
         for r in range(args.rounds):
@@ -105,11 +106,16 @@ def main() -> None:
                 calls = m["n"] + args.clients * bench.WARMUP_PER_CLIENT
                 cpu_ms = (bench._cpu_s(proc.pid) - cpu0) / calls * 1e3  # pyright: ignore[reportPrivateUsage]
                 results[i].append((m["p50_ms"], cpu_ms))
+        medians: list[tuple[float, float]] = []
         for name, src, rows in zip("AB", (args.a, args.b), results, strict=True):
             cpu = statistics.median(c for _, c in rows)
             p50 = statistics.median(p for p, _ in rows)
+            medians.append((cpu, p50))
             print(f"{name} {src}: gateway CPU {cpu:.4f} ms/call, p50 {p50:.2f} ms (medians of {len(rows)} rounds)")
             print(f"  CPU per round: {', '.join(f'{c:.3f}' for _, c in rows)}")
+            print(f"  p50 per round: {', '.join(f'{p:.2f}' for p, _ in rows)}")
+        (cpu_a, p50_a), (cpu_b, p50_b) = medians
+        print(f"B / A: gateway CPU {cpu_b / cpu_a:.3f}, p50 {p50_b / p50_a:.3f}")
     finally:
         bench.stop(procs, scratch)
 
