@@ -51,7 +51,7 @@ from lightning_rl.errors import InvalidRequestError
 if TYPE_CHECKING:
     from lightning_rl.engine.lora import AdapterBank, AdapterWeights
 
-__all__ = ["TransformersEngine", "EngineStats"]
+__all__ = ["TransformersEngine", "EngineStats", "ChatPrompts"]
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -147,6 +147,57 @@ def _chat_key(
         return None
 
 
+class ChatPrompts:
+    """Prompt ids of chat requests, rendered with a tokenizer's chat template.
+
+    It needs the tokenizer only, so code that prepares prompts without generating (the warm starts)
+    does not load a second copy of the model for it. Identical requests are common (the
+    ``group_size`` rollouts of a GRPO group open with the same messages), and rendering the template
+    with jinja plus tokenising costs ~1 ms of CPU on the event loop per call; so recent results are
+    kept, keyed by the request's JSON (and the template). Templates that read the clock
+    (``strftime_now``) are never cached.
+    """
+
+    def __init__(self, tokenizer: Any, model_name: str = "model") -> None:
+        self.tokenizer = tokenizer
+        self._model_name = model_name
+        self._cache: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def encode(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
+        """The prompt ids of ``messages`` (and ``tools``), ending with the assistant's generation prompt."""
+        if not messages:
+            raise InvalidRequestError("messages is empty: send at least one message")
+        template = getattr(self.tokenizer, "chat_template", None)
+        if template is None:
+            raise InvalidRequestError(
+                f"model {self._model_name!r} has no chat template; use the completions API or set a chat_template"
+            )
+        key = _chat_key(template, messages, tools)
+        if key is not None:
+            with self._lock:
+                cached = self._cache.get(key)
+                if cached is not None:
+                    self._cache.move_to_end(key)
+                    return list(cached)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [_normalise_message(m) for m in messages],
+                tools=[dict(t) for t in tools] if tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as exc:  # jinja2 errors: the messages do not fit the template
+            raise InvalidRequestError(f"the chat template could not render these messages: {exc}") from exc
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if key is not None:
+            with self._lock:
+                self._cache[key] = tuple(ids)
+                while len(self._cache) > _CHAT_CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return ids
+
+
 class TransformersEngine:
     """An ``InferenceEngine`` over a ``transformers`` causal LM (CPU or one CUDA device).
 
@@ -190,8 +241,7 @@ class TransformersEngine:
         self._closed = False
         self._running: list[Request] = []  # worker thread only
         self._batch = SharedPrefixBatch(model, self._pad_id, self._device)
-        self._chat_cache: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
-        self._chat_lock = threading.Lock()
+        self._chat = ChatPrompts(tokenizer, model_name)
         self._thread = threading.Thread(target=self._work, name=f"lightning-engine-{model_name}", daemon=True)
         self._thread.start()
 
@@ -320,43 +370,8 @@ class TransformersEngine:
     def encode_chat(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
     ) -> list[int]:
-        """Prompt ids of ``messages`` (and ``tools``) rendered with the chat template.
-
-        Identical requests are common (the ``group_size`` rollouts of a GRPO group open with the
-        same messages), and rendering the template with jinja plus tokenising costs ~1 ms of CPU
-        on the event loop per call; so recent results are kept, keyed by the request's JSON (and
-        the template). Templates that read the clock (``strftime_now``) are never cached.
-        """
-        if not messages:
-            raise InvalidRequestError("messages is empty: send at least one message")
-        template = getattr(self._tokenizer, "chat_template", None)
-        if template is None:
-            raise InvalidRequestError(
-                f"model {self._model_name!r} has no chat template; use the completions API or set a chat_template"
-            )
-        key = _chat_key(template, messages, tools)
-        if key is not None:
-            with self._chat_lock:
-                cached = self._chat_cache.get(key)
-                if cached is not None:
-                    self._chat_cache.move_to_end(key)
-                    return list(cached)
-        try:
-            text = self._tokenizer.apply_chat_template(
-                [_normalise_message(m) for m in messages],
-                tools=[dict(t) for t in tools] if tools else None,
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-        except Exception as exc:  # jinja2 errors: the messages do not fit the template
-            raise InvalidRequestError(f"the chat template could not render these messages: {exc}") from exc
-        ids = list(self._tokenizer.encode(text, add_special_tokens=False))
-        if key is not None:
-            with self._chat_lock:
-                self._chat_cache[key] = tuple(ids)
-                while len(self._chat_cache) > _CHAT_CACHE_SIZE:
-                    self._chat_cache.popitem(last=False)
-        return ids
+        """Prompt ids of ``messages`` (and ``tools``) rendered with the chat template (``ChatPrompts``)."""
+        return self._chat.encode(messages, tools)
 
     def encode_text(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=True))

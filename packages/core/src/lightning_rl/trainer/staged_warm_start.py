@@ -186,10 +186,10 @@ def staged_warm_start(
     Raises:
         ValueError: ``expert`` or ``sloppy`` is empty, or the tokenizer has no ``config.tool_token``.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
-    from lightning_rl.engine.hf import TransformersEngine
+    from lightning_rl.engine.hf import ChatPrompts
     from lightning_rl.trainer.warm_start_progress import WarmStartProgress  # rich: a training-side package
 
     cfg = config or StagedWarmStartConfig()
@@ -197,137 +197,132 @@ def staged_warm_start(
         raise ValueError("staged_warm_start needs expert and sloppy demonstrations; one of them is empty.")
     import torch
 
-    engine = TransformersEngine.from_pretrained(
-        model_dir, dtype=getattr(torch, cfg.dtype)
-    )  # for its chat template and tokenizer
-    try:
-        tokenizer = engine.tokenizer
-        eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        tool_token = tokenizer.convert_tokens_to_ids(cfg.tool_token)
-        if not isinstance(tool_token, int) or tool_token == tokenizer.unk_token_id:
-            raise ValueError(f"the tokenizer has no {cfg.tool_token!r} token; set StagedWarmStartConfig.tool_token.")
-        pad = int(tokenizer.pad_token_id or 0)
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)  # prompts need the tokenizer, not a model copy
+    prompts = ChatPrompts(tokenizer)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tool_token = tokenizer.convert_tokens_to_ids(cfg.tool_token)
+    if not isinstance(tool_token, int) or tool_token == tokenizer.unk_token_id:
+        raise ValueError(f"the tokenizer has no {cfg.tool_token!r} token; set StagedWarmStartConfig.tool_token.")
+    pad = int(tokenizer.pad_token_id or 0)
 
-        def encode(demos: Sequence[ChatDemo]) -> list[Example]:
-            return [
-                (
-                    engine.encode_chat(messages, tools or None),
-                    [*tokenizer.encode(completion, add_special_tokens=False), eos],
-                )
-                for messages, tools, completion in demos
-            ]
+    def encode(demos: Sequence[ChatDemo]) -> list[Example]:
+        return [
+            (
+                prompts.encode(messages, tools or None),
+                [*tokenizer.encode(completion, add_special_tokens=False), eos],
+            )
+            for messages, tools, completion in demos
+        ]
 
-        expert_ex = encode(expert)
-        sloppy_ex = encode(sloppy)
-        probe_ex = {name: encode(demos) for name, demos in probes.items() if demos}
-        habit_ex = [p for p, _ in encode(habit_prompts)]
+    expert_ex = encode(expert)
+    sloppy_ex = encode(sloppy)
+    probe_ex = {name: encode(demos) for name, demos in probes.items() if demos}
+    habit_ex = [p for p, _ in encode(habit_prompts)]
 
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.dtype))
-        backend = TorchBackend(
-            model,
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.dtype))
+    backend = TorchBackend(
+        model,
+        TorchBackendConfig(
+            lr=cfg.lr,
+            seed=cfg.seed,
+            track_kl=False,
+            lora_rank=cfg.lora_rank,
+            lora_alpha=2 * cfg.lora_rank if cfg.lora_rank else 16,
+            shared_prefix=cfg.shared_prefix,
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            dtype=cfg.dtype,
+        ),
+    )
+    losses: list[float] = []
+
+    def probe_skills() -> dict[str, float]:
+        skills = {name: greedy_exact_match(model, ex, pad, cfg.shared_prefix) for name, ex in probe_ex.items()}
+        if habit_ex:
+            skills["p_tool_call"] = first_token_probability(model, habit_ex, tool_token, cfg.shared_prefix)[0]
+        return skills
+
+    skills: dict[str, float] = {}
+    total = cfg.expert_steps + cfg.polish_steps + cfg.habit_steps
+    with WarmStartProgress(total, enabled=cfg.progress) as bar:
+        # phase 1: expert demonstrations at a constant rate, until every probe passes
+        done = 0
+        while done < cfg.expert_steps:
+            chunk = min(cfg.probe_every, cfg.expert_steps - done)
+            losses += backend.sft(
+                expert_ex,
+                steps=chunk,
+                batch_size=cfg.batch_size,
+                warmup_steps=20 if done == 0 else 0,
+                on_step=bar.on_step,
+            )
+            done += chunk
+            skills = probe_skills()
+            bar.note_skills({k: v for k, v in skills.items() if k != "p_tool_call"})
+            if probe_ex and min(skills[name] for name in probe_ex) >= cfg.skill_target:
+                break
+        bar.skip(cfg.expert_steps - done)
+        # phase 1b: the same data with the rate decaying, to make the new skill steady
+        if cfg.polish_steps:
+            losses += backend.sft(
+                expert_ex,
+                steps=cfg.polish_steps,
+                batch_size=cfg.batch_size,
+                final_lr_fraction=0.1,
+                on_step=bar.on_step,
+            )
+        polished = probe_skills()
+        # phase 2: the habit of answering from memory
+        # with LoRA the adapters already wrap the model: this optimizer trains those same adapters
+        habit = TorchBackend(
+            backend.model,
             TorchBackendConfig(
-                lr=cfg.lr,
-                seed=cfg.seed,
+                lr=cfg.habit_lr,
+                seed=cfg.seed + 1,
                 track_kl=False,
-                lora_rank=cfg.lora_rank,
-                lora_alpha=2 * cfg.lora_rank if cfg.lora_rank else 16,
                 shared_prefix=cfg.shared_prefix,
                 micro_batch_tokens=cfg.micro_batch_tokens,
                 dtype=cfg.dtype,
             ),
         )
-        losses: list[float] = []
-
-        def probe_skills() -> dict[str, float]:
-            skills = {name: greedy_exact_match(model, ex, pad, cfg.shared_prefix) for name, ex in probe_ex.items()}
-            if habit_ex:
-                skills["p_tool_call"] = first_token_probability(model, habit_ex, tool_token, cfg.shared_prefix)[0]
-            return skills
-
-        skills: dict[str, float] = {}
-        total = cfg.expert_steps + cfg.polish_steps + cfg.habit_steps
-        with WarmStartProgress(total, enabled=cfg.progress) as bar:
-            # phase 1: expert demonstrations at a constant rate, until every probe passes
-            done = 0
-            while done < cfg.expert_steps:
-                chunk = min(cfg.probe_every, cfg.expert_steps - done)
-                losses += backend.sft(
-                    expert_ex,
-                    steps=chunk,
-                    batch_size=cfg.batch_size,
-                    warmup_steps=20 if done == 0 else 0,
-                    on_step=bar.on_step,
-                )
-                done += chunk
-                skills = probe_skills()
-                bar.note_skills({k: v for k, v in skills.items() if k != "p_tool_call"})
-                if probe_ex and min(skills[name] for name in probe_ex) >= cfg.skill_target:
+        habit_done = 0
+        habit_curve: list[tuple[int, float, float]] = []
+        nearest: tuple[float, int, dict[str, Any]] | None = None  # (miss, steps, weights) of the best check
+        reached = False
+        while habit_done < cfg.habit_steps:
+            chunk = min(cfg.habit_every, cfg.habit_steps - habit_done)
+            losses += habit.sft(sloppy_ex, steps=chunk, batch_size=cfg.batch_size, on_step=bar.on_step)
+            habit_done += chunk
+            if habit_done >= cfg.habit_min_steps and habit_ex:
+                mean_p, greedy = first_token_probability(model, habit_ex, tool_token, cfg.shared_prefix)
+                habit_curve.append((habit_done, mean_p, greedy))
+                miss = _habit_miss(cfg, mean_p, greedy)
+                if miss == 0:
+                    reached = True
                     break
-            bar.skip(cfg.expert_steps - done)
-            # phase 1b: the same data with the rate decaying, to make the new skill steady
-            if cfg.polish_steps:
-                losses += backend.sft(
-                    expert_ex,
-                    steps=cfg.polish_steps,
-                    batch_size=cfg.batch_size,
-                    final_lr_fraction=0.1,
-                    on_step=bar.on_step,
-                )
-            polished = probe_skills()
-            # phase 2: the habit of answering from memory
-            # with LoRA the adapters already wrap the model: this optimizer trains those same adapters
-            habit = TorchBackend(
-                backend.model,
-                TorchBackendConfig(
-                    lr=cfg.habit_lr,
-                    seed=cfg.seed + 1,
-                    track_kl=False,
-                    shared_prefix=cfg.shared_prefix,
-                    micro_batch_tokens=cfg.micro_batch_tokens,
-                    dtype=cfg.dtype,
-                ),
-            )
-            habit_done = 0
-            habit_curve: list[tuple[int, float, float]] = []
-            nearest: tuple[float, int, dict[str, Any]] | None = None  # (miss, steps, weights) of the best check
-            reached = False
-            while habit_done < cfg.habit_steps:
-                chunk = min(cfg.habit_every, cfg.habit_steps - habit_done)
-                losses += habit.sft(sloppy_ex, steps=chunk, batch_size=cfg.batch_size, on_step=bar.on_step)
-                habit_done += chunk
-                if habit_done >= cfg.habit_min_steps and habit_ex:
-                    mean_p, greedy = first_token_probability(model, habit_ex, tool_token, cfg.shared_prefix)
-                    habit_curve.append((habit_done, mean_p, greedy))
-                    miss = _habit_miss(cfg, mean_p, greedy)
-                    if miss == 0:
-                        reached = True
-                        break
-                    if cfg.habit_floor > 0 and (nearest is None or miss < nearest[0]):
-                        weights = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
-                        nearest = (miss, habit_done, weights)
-            bar.skip(cfg.habit_steps - habit_done)
-            if not reached and nearest is not None:  # never inside the targets: back to the closest check
-                backend.model.load_state_dict(nearest[2])
-                habit_done = nearest[1]
-        result = StagedWarmStart(
-            out_dir,
-            done,
-            habit_done,
-            {
-                **{f"formed/{k}": v for k, v in skills.items()},
-                **{f"polished/{k}": v for k, v in polished.items()},
-                **{f"base/{k}": v for k, v in probe_skills().items()},
-            },
-            losses,
-            habit_curve,
-        )
-        out_dir.mkdir(parents=True, exist_ok=True)
-        adapted: Any = backend.model  # a peft wrapper when cfg.lora_rank: its adapters merge into the weights
-        # merged in float32 (a bfloat16 base is widened first), so the adapters' update is not rounded away
-        (adapted.float().merge_and_unload() if cfg.lora_rank else model.float()).save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-    finally:
-        engine.close()
+                if cfg.habit_floor > 0 and (nearest is None or miss < nearest[0]):
+                    weights = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+                    nearest = (miss, habit_done, weights)
+        bar.skip(cfg.habit_steps - habit_done)
+        if not reached and nearest is not None:  # never inside the targets: back to the closest check
+            backend.model.load_state_dict(nearest[2])
+            habit_done = nearest[1]
+    result = StagedWarmStart(
+        out_dir,
+        done,
+        habit_done,
+        {
+            **{f"formed/{k}": v for k, v in skills.items()},
+            **{f"polished/{k}": v for k, v in polished.items()},
+            **{f"base/{k}": v for k, v in probe_skills().items()},
+        },
+        losses,
+        habit_curve,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    adapted: Any = backend.model  # a peft wrapper when cfg.lora_rank: its adapters merge into the weights
+    # merged in float32 (a bfloat16 base is widened first), so the adapters' update is not rounded away
+    (adapted.float().merge_and_unload() if cfg.lora_rank else model.float()).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     record = {
         "final_losses": losses[-10:],
         "examples": len(expert_ex),

@@ -93,50 +93,47 @@ def sft_on_chats(
         ValueError: ``demos`` is empty.
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lightning_rl.backends.torch_backend import TorchBackend, TorchBackendConfig
-    from lightning_rl.engine.hf import TransformersEngine
+    from lightning_rl.engine.hf import ChatPrompts
 
-    engine = TransformersEngine.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-    try:
-        tokenizer = engine.tokenizer
-        eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)  # prompts need the tokenizer, not a model copy
+    prompts = ChatPrompts(tokenizer)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
-        def text(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, done: str) -> str:
-            return canonical_completion(tokenizer, messages, tools, done) if canonical else done
+    def text(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, done: str) -> str:
+        return canonical_completion(tokenizer, messages, tools, done) if canonical else done
 
-        examples = [
-            (
-                engine.encode_chat(messages, tools or None),
-                [*tokenizer.encode(text(messages, tools, completion), add_special_tokens=False), eos],
-            )
-            for messages, tools, completion in demos
-        ]
-        if not examples:
-            raise ValueError("sft_on_chats needs at least one example; demos is empty.")
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-        backend = TorchBackend(
-            model,
-            TorchBackendConfig(
-                lr=lr,
-                seed=seed,
-                track_kl=False,
-                lora_rank=lora_rank,
-                lora_alpha=2 * lora_rank if lora_rank else 16,
-                dtype=dtype,
-                shared_prefix=shared_prefix,
-                micro_batch_tokens=micro_batch_tokens,
-            ),
+    examples = [
+        (
+            prompts.encode(messages, tools or None),
+            [*tokenizer.encode(text(messages, tools, completion), add_special_tokens=False), eos],
         )
-        warmup = min(20, steps) if warmup_steps is None else warmup_steps
-        losses = backend.sft(
-            examples, steps=steps, batch_size=batch_size, warmup_steps=warmup, final_lr_fraction=final_lr_fraction
-        )
-        out_dir.mkdir(parents=True, exist_ok=True)
-        adapted: Any = backend.model  # a peft wrapper under LoRA: merged in float32, as the staged warm start does
-        (adapted.float().merge_and_unload() if lora_rank else model.float()).save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-    finally:
-        engine.close()
+        for messages, tools, completion in demos
+    ]
+    if not examples:
+        raise ValueError("sft_on_chats needs at least one example; demos is empty.")
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    backend = TorchBackend(
+        model,
+        TorchBackendConfig(
+            lr=lr,
+            seed=seed,
+            track_kl=False,
+            lora_rank=lora_rank,
+            lora_alpha=2 * lora_rank if lora_rank else 16,
+            dtype=dtype,
+            shared_prefix=shared_prefix,
+            micro_batch_tokens=micro_batch_tokens,
+        ),
+    )
+    warmup = min(20, steps) if warmup_steps is None else warmup_steps
+    losses = backend.sft(
+        examples, steps=steps, batch_size=batch_size, warmup_steps=warmup, final_lr_fraction=final_lr_fraction
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    adapted: Any = backend.model  # a peft wrapper under LoRA: merged in float32, as the staged warm start does
+    (adapted.float().merge_and_unload() if lora_rank else model.float()).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     return WarmStart(out_dir, losses, len(examples))
