@@ -25,7 +25,7 @@ reward per arm over training time), plus every run's folder and log.
 
     uv run python benchmarks/beyond_imitation.py --smoke --out runs/beyond_smoke        # every arm, tiny model, minutes
     uv run python benchmarks/beyond_imitation.py --model smollm2-135m --arms a,b,c,d --seeds 0-2 \\
-        --two-op-demos 100 --sweep 40:1e-3,80:1e-3 --budget-min 20 --threads 2 --out runs/beyond_imitation
+        --two-op-demos 100 --sweep 40:1e-3,80:1e-3 --budget-min 26 --val-every 5 --threads 2 --out runs/beyond_imitation
     uv run python benchmarks/beyond_imitation.py --calls runs/beyond_imitation/seed0/c   # tool calls per step
     uv run python benchmarks/beyond_imitation.py --report --out runs/beyond_imitation   # re-render the table
     uv run python benchmarks/beyond_imitation.py --report --out runs/beyond_imitation --doc docs/beyond_imitation.md
@@ -741,8 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         runs.append({k: header[k] for k in ("date", "commit", "command", "machine")} | {"settings": header})
         record.write_text(json.dumps(runs, indent=2))
-    elif runs:  # the settings of the runs, not this command line's defaults
-        header |= {k: v for k, v in runs[-1]["settings"].items() if k not in ("date", "commit", "command", "machine")}
+    elif runs:  # the settings and machine of the runs, not this command line's defaults
+        header |= {k: v for k, v in runs[-1]["settings"].items() if k not in ("date", "commit", "command")}
     header["runs"] = [{k: r[k] for k in ("date", "commit", "command")} for r in runs]
     if not args.report:
         arms = [a.strip() for a in args.arms.split(",") if a.strip()]
