@@ -35,6 +35,29 @@ def test_sft_on_chats_lowers_the_loss_and_saves_a_loadable_model(tmp_path: Path,
     assert AutoModelForCausalLM.from_pretrained(done.model_dir) is not None
 
 
+def test_the_warm_starts_load_no_engine_beside_the_model_they_train(
+    tmp_path: Path, tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts come from the tokenizer (``ChatPrompts``): an engine would hold a second copy of the
+    weights through the whole warm start (270 MB for SmolLM2 in bfloat16)."""
+    from lightning_rl.engine.hf import TransformersEngine
+    from lightning_rl.trainer.staged_warm_start import StagedWarmStartConfig, staged_warm_start
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a warm start built an inference engine")
+
+    monkeypatch.setattr(TransformersEngine, "__init__", refuse)
+    demos = [([{"role": "user", "content": "add them"}], TOOLS, "I will add.")]
+    assert sft_on_chats(tiny_model_path, tmp_path / "sft", demos, steps=2, batch_size=1).n_examples == 1
+    expert, sloppy = _colour_demos()
+    config = StagedWarmStartConfig(expert_steps=2, probe_every=2, polish_steps=1, habit_steps=1, habit_min_steps=1,
+                                   batch_size=2, progress=False)  # fmt: skip
+    done = staged_warm_start(
+        tiny_model_path, tmp_path / "staged", expert=expert, sloppy=sloppy, probes={}, habit_prompts=[], config=config
+    )
+    assert (done.model_dir / "config.json").exists()
+
+
 def test_no_demonstrations_is_a_clear_error(tmp_path: Path, tiny_model_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one example"):
         sft_on_chats(tiny_model_path, tmp_path / "ws", [], steps=1)
