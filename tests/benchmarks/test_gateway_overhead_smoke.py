@@ -33,8 +33,9 @@ def test_gateway_ab_runs() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if "gateway CPU" in line]
-    assert [line[0] for line in lines] == ["A", "B"]
-    assert all("medians of 2 rounds" in line for line in lines)
+    assert [line[0] for line in lines] == ["A", "B", "B"]
+    assert all("medians of 2 rounds" in line for line in lines[:2])
+    assert lines[2].startswith("B / A: gateway CPU ")  # the ratio of the two medians
 
 
 def test_gateway_overhead_reference_path_runs() -> None:
