@@ -25,7 +25,8 @@ reward per arm over training time), plus every run's folder and log.
 
     uv run python benchmarks/beyond_imitation.py --smoke --out runs/beyond_smoke        # every arm, tiny model, minutes
     uv run python benchmarks/beyond_imitation.py --model smollm2-135m --arms a,b,c,d --seeds 0-2 \\
-        --two-op-demos 100 --sweep 40:1e-3,80:1e-3 --budget-min 26 --val-every 5 --threads 2 --out runs/beyond_imitation
+        --two-op-demos 100 --sweep 40:1e-3,80:1e-3,160:1e-3,320:1e-3 --budget-min 26 --val-every 5 --threads 2 \\
+        --out runs/beyond_imitation
     uv run python benchmarks/beyond_imitation.py --calls runs/beyond_imitation/seed0/c   # tool calls per step
     uv run python benchmarks/beyond_imitation.py --report --out runs/beyond_imitation   # re-render the table
     uv run python benchmarks/beyond_imitation.py --report --out runs/beyond_imitation --doc docs/beyond_imitation.md
@@ -122,7 +123,8 @@ def preset(model: str, smoke: bool) -> Preset:
             "max_tokens",
         )
         demo = {k: getattr(base, k) for k in keys} | {"max_tokens": 64}
-        sweep = ((10, 1e-3), (20, 1e-3), (40, 1e-3), (40, 3e-4), (80, 3e-4))
+        # up to about the RL arms' training time: a shorter sweep hides what imitation alone reaches
+        sweep = ((40, 1e-3), (80, 1e-3), (160, 1e-3), (320, 1e-3))
         return Preset(model, demo, sweep, sft_batch_size=8, n_val=50, n_test=100, val_every=4)
     demo = {"batch_size": 16, "group_size": 8, "rl_lr": 3e-4}
     return Preset(model, demo, ((300, 1e-3), (600, 1e-3), (1200, 1e-3)), sft_batch_size=32, report_per_task=3)
@@ -498,7 +500,25 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
                 f"| {sft['seed']} | {point['steps']} | {point['lr']:g} | {point['val']:.2f} | {one} | "
                 f"{point['sft_s']:.0f} s | {chosen} |"
             )
+    lines += _short_sweeps(rows, sfts)
     return "\n".join(lines) + "\n"
+
+
+def _short_sweeps(rows: list[Row], sfts: list[dict[str, Any]]) -> list[str]:
+    """A warning for each seed whose SFT sweep never trained as long as its RL arms did (SFT plus RL):
+    arm a is then not the strongest imitation the same time buys (seen: a 40/80-step sweep gave 0.00
+    held-out where 320 steps, about the RL arms' time, gave 0.99)."""
+    out: list[str] = []
+    for sft in sfts:
+        longest = max(float(p["sft_s"]) for p in sft["sweep"])
+        arms = [r for r in rows if r.seed == sft["seed"] and r.arm != "a"]
+        if arms and longest < (most := max(r.train_s for r in arms) + float(sft["best"]["sft_s"])):
+            out.append(
+                f"\n**Seed {sft['seed']}: the SFT sweep's longest point trained {longest / 60:.1f} min, the RL arms "
+                f"up to {most / 60:.1f} min (with their SFT): arm a is not the best imitation of the same time; "
+                "extend --sweep.**"
+            )
+    return out
 
 
 def plot(rows: list[Row], path: Path) -> bool:

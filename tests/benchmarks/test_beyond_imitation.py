@@ -68,6 +68,8 @@ def test_the_report_renders_every_arm_the_sweep_and_c_against_a(tmp_path: Path) 
     assert "Arm c minus arm a, held-out: seed 0: +0.30." in text
     assert "(left out of its mean): none (no store to count them: a seed 0" in text
     assert "joins between consecutive calls: canonical 10, spliced 2, split 0" in text
+    # the sweep's longest point (120 s) trained less than an RL arm with its SFT (200 + 120 s)
+    assert "Seed 0: the SFT sweep's longest point trained 2.0 min, the RL arms up to 5.3 min" in text
     assert (
         "| 0 | 40 | 0.001 | 0.20 | 0.90 | 120 s | yes |" in text and "| 0 | 20 | 0.001 | 0.10 | n/a | 60 s |  |" in text
     )
