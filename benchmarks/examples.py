@@ -494,9 +494,12 @@ def _verdict_cell(run: Run) -> str:
     return f"{cell(steps[0][1])} → {cell(steps[-1][1])}"
 
 
-def render_arms(example: str, runs: Sequence[Run], header: dict[str, Any]) -> str:
+def render_arms(
+    example: str, runs: Sequence[Run], header: dict[str, Any], warm_starts: Sequence[dict[str, Any]] = ()
+) -> str:
     """Issue 42's comparison of one example: per arm and seed, held-out reward, the frozen role's drift,
-    peak memory and wall time; then per arm the mean and min gain and the mean peak memory."""
+    peak memory and wall time; then per arm the mean and min gain and the mean peak memory; then the
+    shared warm starts' times (runs made before they were shared have none)."""
     order = {arm: i for i, arm in enumerate(ARMS.get(example, {}))}
     runs = sorted(runs, key=lambda r: (order.get(r.arm, 99), r.seed))
     what = frozen_drift(runs[0])[0] if runs else "frozen role"
@@ -533,6 +536,17 @@ def render_arms(example: str, runs: Sequence[Run], header: dict[str, Any]) -> st
             + (f"**{statistics.fmean(gains):+.2f}** | {min(gains):+.2f}" if gains else "— | —")
             + f" | {_f(_mean(mems), '.2f')} GB |"
         )
+    mine = sorted((w for w in warm_starts if w["example"] == example), key=lambda w: int(w["seed"]))
+    if mine:
+        times = ", ".join(
+            f"seed {w['seed']} " + (f"failed ({w['error']})" if w["error"] else f"{w['wall_s'] / 60:.1f} min")
+            for w in mine
+        )
+        lines += [
+            "",
+            f"Each seed's arms start from one warm start (`train.py --warm-only`, then `--model <it>"
+            f" --warm-start-steps 0`), so the wall column is the RL phase alone. Warm starts: {times}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -622,7 +636,7 @@ def render_and_write(
     for name in names:
         mine = [r for r in runs if r.example == name]
         if any(r.arm for r in mine):  # the arms comparison (issue 42) has its own block
-            text = render_arms(name, mine, header)
+            text = render_arms(name, mine, header, payload.get("warm_starts", []))
             parts.append(f"## {name}: shared policy, frozen roles, per-role adapters\n\n" + text)
             if write_readmes:
                 paste_block(root / "examples" / name / "README.md", text, ARMS_BEGIN, ARMS_END, "## Per-role adapters")
@@ -694,6 +708,61 @@ def train_command(
     cmd = [sys.executable, str(root / "examples" / example / "train.py"), "--seed", str(seed)]
     cmd += ["--out", str(run_dir), "--quiet", *extra, *(ARMS[example][arm] if arm else [])]
     return cmd if air else [*cmd, "--tool-error-reward", "0"]
+
+
+@dataclass
+class WarmStart:
+    """The warm start an arms comparison shares between the arms of one (example, seed)."""
+
+    example: str
+    seed: int
+    folder: str  # the HF folder the arms start from (--model)
+    command: list[str]
+    wall_s: float
+    error: str | None = None
+    resumed: bool = False
+
+
+def make_warm_start(
+    root: Path,
+    example: str,
+    seed: int,
+    out: Path,
+    threads: int,
+    extra: Sequence[str],
+    timeout_s: float,
+    live: _Live,
+    resume: bool = False,
+) -> WarmStart:
+    """``train.py --warm-only`` once per (example, seed), so that every arm of the seed starts from the same
+    weights and its wall time is its RL phase; ``--resume`` reuses one that an earlier invocation saved."""
+    run_dir = out / example / f"seed{seed}-warm"
+    folder, log_path = run_dir / "warm_start", out / example / f"seed{seed}-warm.log"
+    cmd = [sys.executable, str(root / "examples" / example / "train.py"), "--seed", str(seed)]
+    cmd += ["--out", str(run_dir), "--quiet", *extra, "--warm-only"]
+    shown = _shown(cmd, root)
+    if resume and (folder / "warm_start.json").exists() and log_path.exists():
+        return WarmStart(example, seed, str(folder), shown, _log_wall_s(log_path) or 0.0, resumed=True)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        live.add(proc)
+        try:
+            returncode: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.wait()
+            returncode = None
+        finally:
+            live.discard(proc)
+    warm = WarmStart(example, seed, str(folder), shown, time.perf_counter() - started)
+    if returncode != 0 or not (folder / "warm_start.json").exists():
+        warm.error = f"warm start {'timed out' if returncode is None else f'exit {returncode}'}, see {log_path}"
+    return warm
 
 
 def _run_name(seed: int, air: bool, arm: str) -> str:
@@ -931,9 +1000,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{total} runs: {', '.join(examples)} x seeds {seeds}; without AIR too: {', '.join(ablation) or 'none'}")
     print(header_line(header), flush=True)
 
+    # the arms of one (example, seed) start from one warm start, made first: their wall time is the RL phase
+    warm_starts: dict[tuple[str, int], WarmStart] = {}
+
+    def warm(name: str, seed: int) -> WarmStart:
+        tag = f"{name} seed {seed}: warm start"
+        if args.collect and not (out / name / f"seed{seed}-warm" / "warm_start" / "warm_start.json").exists():
+            print(f"{tag} not finished (--collect)", flush=True)
+            return WarmStart(name, seed, "", [], 0.0, error="not finished: the benchmark was stopped before it ended")
+        print(f"{tag} started", flush=True)
+        w = make_warm_start(root, name, seed, out, threads, extra[name], args.timeout_min * 60, live, args.resume)
+        print(f"{tag} ... {w.error or 'done'} in {w.wall_s / 60:.1f} min", flush=True)
+        return w
+
+    def run_extra(name: str, seed: int, arm: str) -> list[str]:
+        w = warm_starts.get((name, seed)) if arm else None
+        return [*extra[name], "--model", w.folder, "--warm-start-steps", "0"] if w else extra[name]
+
     def one(index: int, name: str, seed: int, air: bool, arm: str) -> Run:
         tag = f"[{index}/{total}] {name} seed {seed}" + ("" if air else " without AIR") + (f" ({arm})" if arm else "")
-        done = resumed_run(root, name, seed, air, out, extra[name], arm) if args.resume else None
+        w = warm_starts.get((name, seed)) if arm else None
+        if w is not None and w.error:
+            return Run(name, seed, air, [], None, 0.0, error=w.error, arm=arm)
+        done = resumed_run(root, name, seed, air, out, run_extra(name, seed, arm), arm) if args.resume else None
         if done is not None:
             print(f"{tag} finished earlier (--resume): {done.wall_s / 60:.1f} min", flush=True)
             return done
@@ -944,7 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{tag} not finished (--collect)", flush=True)
             return run
         print(f"{tag} started", flush=True)
-        r = run_one(root, name, seed, air, out, threads, extra[name], args.timeout_min * 60, live, arm)
+        r = run_one(root, name, seed, air, out, threads, run_extra(name, seed, arm), args.timeout_min * 60, live, arm)
         s = summary(r)
         result = f"gain {s['gain']:+.2f} ({s['before']:.2f} -> {s['after']:.2f})" if s["ok"] else f"FAILED: {r.error}"
         print(f"{tag} ... {result} in {r.wall_s / 60:.1f} min", flush=True)
@@ -954,6 +1043,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     try:
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            pairs = sorted({(name, seed) for name, seed, _, arm in plan if arm})
+            for w in pool.map(lambda pair: warm(*pair), pairs):
+                warm_starts[(w.example, w.seed)] = w
             futures: list[Future[Run]] = [pool.submit(one, i, *item) for i, item in enumerate(plan, 1)]
             pending = set(futures)
             while pending:
@@ -973,6 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
         "air_ablation": ablation,
         "targets": {"gain": TARGET_GAIN, "held_out_tasks": TARGET_TASKS, "seeds": TARGET_SEEDS, "minutes": LIMIT_MIN},
         "runs": [{"run": asdict(r), "summary": summary(r)} for r in runs],
+        "warm_starts": [asdict(w) for w in warm_starts.values()],
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1))
     failed = [r for r in runs if r.error]

@@ -55,6 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1500,
         help="at most this many expert steps of the staged warm start (tiny model; 0 skips the warm start)",
     )
+    parser.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="make the warm start (OUT/warm_start) and stop; later runs reuse it with "
+        "--model OUT/warm_start --warm-start-steps 0",
+    )
     parser.add_argument("--polish-steps", type=int, default=150, help="warm start: expert steps at a decaying rate")
     parser.add_argument("--habit-steps", type=int, default=200, help="warm start: at most this many habit steps")
     parser.add_argument(
@@ -117,6 +123,9 @@ def main(argv: list[str] | None = None) -> float | None:
                 progress=not args.quiet,
             )
             model = str(warm_start(Path(model), Path(args.out) / "warm_start", train_q, probe_q, cfg))
+    if args.warm_only:
+        print(f"warm start: {model}")
+        return None
     air = {"tool_error": args.tool_error_reward} if args.tool_error_reward else {}
     config = TrainerConfig(
         model=model,

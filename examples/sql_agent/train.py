@@ -83,6 +83,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1000,
         help="most expert steps of the staged warm start; it stops once the probes pass (0: no warm start)",
     )
+    parser.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="make the warm start (OUT/warm_start) and stop; later runs reuse it with "
+        "--model OUT/warm_start --warm-start-steps 0",
+    )
     parser.add_argument("--polish-steps", type=int, default=150, help="expert steps with a decaying rate")
     parser.add_argument("--habit-steps", type=int, default=200, help="most steps on the sloppy demonstrator")
     parser.add_argument("--spider-dir", default=None, help="a Spider folder (train_spider.json, dev.json, database/)")
@@ -345,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> float | None:
                 progress=not args.quiet,
             )
         )
+
+    if args.warm_only:
+        print(f"warm start: {model_path}")
+        return None
 
     # The one Lightning line: route, attribute roles, record tools; train only writer and rewriter.
     lightning_langchain.instrument(trainable=["writer", "rewriter"])

@@ -308,3 +308,61 @@ def test_the_arms_table_shows_reward_frozen_role_drift_memory_and_wall_time(tmp_
     assert "| shared | 0 | 0.00 | 0.50 | **+0.50** | 0.50 → 0.50 | 1/1/0 → 1/0/1 | 2.00 GB | 5.0 min |" in text
     assert "| per_role | 1 of 1 | **+0.45** | +0.45 | 1.50 GB |" in text
     assert text.index("| shared |") < text.index("| frozen |") < text.index("| per_role |")
+
+
+ARMS_TRAIN = '''
+"""Fixture: an example's train.py with the flags of the arms comparison; each warm start appends to a log."""
+import argparse, json, pathlib
+p = argparse.ArgumentParser()
+p.add_argument("--seed", type=int); p.add_argument("--out"); p.add_argument("--quiet", action="store_true")
+p.add_argument("--model", default="tiny"); p.add_argument("--warm-start-steps", type=int, default=100)
+p.add_argument("--warm-only", action="store_true"); p.add_argument("--untrainable-roles", default="frozen")
+p.add_argument("--adapters", default="shared"); p.add_argument("--tool-error-reward", type=float, default=-0.1)
+a = p.parse_args()
+out = pathlib.Path(a.out)
+model = a.model
+if a.model == "tiny" and a.warm_start_steps > 0:
+    (out / "warm_start").mkdir(parents=True)
+    (out / "warm_start" / "warm_start.json").write_text(json.dumps({"seed": a.seed}))
+    with (out.parent / "warm_starts.log").open("a") as log:
+        log.write(f"{a.seed}\\n")
+    model = str(out / "warm_start")
+if a.warm_only:
+    print(f"warm start: {model}")
+    raise SystemExit(0)
+out.mkdir(parents=True, exist_ok=True)
+gain = 0.5 if a.adapters == "per_role" else {"shared": 0.3, "frozen": 0.4}[a.untrainable_roles]
+rows = [{"step": 0, "val/reward_mean": 0.1, "val/n_rollouts": 100, "model": model},
+        {"step": 1, "train/reward_mean": 0.3, "mem/update_peak_gb": 1.0},
+        {"step": 1, "val/reward_mean": 0.1 + gain, "val/n_rollouts": 100}]
+(out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+print("held-out reward: done")
+'''
+
+
+def test_the_arms_of_a_seed_share_one_warm_start_and_time_their_rl_phase_alone(tmp_path: Path) -> None:
+    """``--arms``: one ``--warm-only`` run per (example, seed); every arm starts from its folder with
+    ``--warm-start-steps 0``; ``--resume`` reuses it; the table says what the warm starts took."""
+    root = tmp_path / "repo"
+    (root / "examples" / "rag_agent").mkdir(parents=True)
+    (root / "examples" / "rag_agent" / "train.py").write_text(ARMS_TRAIN)
+    out = tmp_path / "out"
+    args = ["--examples", "rag_agent", "--arms", "shared,frozen,per_role", "--seeds", "0-1", "--out", str(out)]
+    args += ["--repo-root", str(root)]
+    proc = _script(*args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted((out / "rag_agent" / "warm_starts.log").read_text().split()) == ["0", "1"]  # once per seed
+    payload = json.loads((out / "results.json").read_text())
+    assert [(w["seed"], w["error"]) for w in payload["warm_starts"]] == [(0, None), (1, None)]
+    for r in payload["runs"]:
+        folder = str(out / "rag_agent" / f"seed{r['run']['seed']}-warm" / "warm_start")
+        assert r["run"]["rows"][0]["model"] == folder
+        assert r["run"]["command"][-6:-2] == ["--model", folder, "--warm-start-steps", "0"]
+    md = (out / "examples.md").read_text()
+    assert "| per_role | 2 of 2 | **+0.50** | +0.50 | 1.00 GB |" in md
+    assert "Each seed's arms start from one warm start" in md and "Warm starts: seed 0 " in md
+
+    again = _script(*args, "--resume")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert sorted((out / "rag_agent" / "warm_starts.log").read_text().split()) == ["0", "1"]  # none made again
+    assert again.stdout.count("finished earlier (--resume)") == 6
