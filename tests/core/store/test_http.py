@@ -466,3 +466,37 @@ async def test_lost_add_spans_response_retry_does_not_duplicate(served: tuple[st
     assert proxy.dropped == 1
     stored = await served[1].query_spans(attempt_id=claim.attempt.id)
     assert [s.name for s in stored] == [f"s{i}" for i in range(10)]
+
+
+def test_each_route_binds_its_arguments_as_python_does() -> None:
+    """``Route.bind`` (the client's per-request binding, cheaper than ``Signature.bind``) gives the
+    arguments ``Signature.bind`` gives, defaults included, and raises its ``TypeError`` otherwise."""
+    from lightning_rl.store.client import ROUTES
+
+    def reference(route: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        bound = route.signature.bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        return dict(list(bound.arguments.items())[1:])
+
+    routes = {r.name: r for r in ROUTES}
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("claim", ("w",), {}),
+        ("claim", ("w", 3), {"timeout_s": 2.0}),
+        ("claim", (), {"worker_id": "w", "n": 2}),
+        ("finish_attempt", ("at-1", AttemptStatus.SUCCEEDED), {"reward": 1.0}),
+        ("query_rollouts", (), {"status": ["queued"], "limit": 5}),
+        ("get_resources", (), {}),
+        ("stats", (), {}),
+    ]
+    for name, args, kwargs in calls:
+        assert routes[name].bind(args, kwargs) == reference(routes[name], args, kwargs), name
+    bad: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("claim", (), {}),  # missing
+        ("claim", ("w",), {"worker_id": "v"}),  # twice
+        ("claim", ("w",), {"workers": 2}),  # unknown
+        ("claim", ("w", 1, 2.0, 4), {}),  # too many
+        ("stats", (1,), {}),
+    ]
+    for name, args, kwargs in bad:
+        with pytest.raises(TypeError):
+            routes[name].bind(args, kwargs)
