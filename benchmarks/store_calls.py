@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import pstats
+import re
 import signal
 import subprocess
 import sys
@@ -95,6 +96,11 @@ def profile(src: str, rollouts: int, workdir: Path) -> tuple[pstats.Stats, pstat
     return pstats.Stats(str(server_prof)), pstats.Stats(str(client_prof))
 
 
+def _short(path: str) -> str:
+    """A module's path from its package on (no machine's folders in the output)."""
+    return re.split(r"site-packages/|/src/|/lib/python\d+\.\d+/", path)[-1]
+
+
 def per_rollout(small: pstats.Stats, large: pstats.Stats, extra: int) -> Counts:
     """Calls per extra rollout of each function (``file:function``), start-up taken out."""
     out: Counts = {}
@@ -102,7 +108,7 @@ def per_rollout(small: pstats.Stats, large: pstats.Stats, extra: int) -> Counts:
     b: dict[tuple[str, int, str], tuple[int, ...]] = large.stats  # type: ignore[attr-defined]
     for key in set(a) | set(b):
         calls = b.get(key, (0, 0))[1] - a.get(key, (0, 0))[1]
-        name = (key[0].split("site-packages/")[-1].split("src/")[-1], key[2])
+        name = (_short(key[0]), re.sub(r" at 0x[0-9a-f]+", "", key[2]))  # builtins' addresses differ per process
         out[name] = out.get(name, 0) + calls
     return {k: v for k, v in out.items() if v}
 
