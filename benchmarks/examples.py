@@ -710,6 +710,31 @@ def train_command(
     return cmd if air else [*cmd, "--tool-error-reward", "0"]
 
 
+def _run_logged(
+    cmd: list[str], root: Path, run_dir: Path, log_path: Path, threads: int, timeout_s: float, live: _Live
+) -> tuple[int | None, float]:
+    """``cmd`` in a fresh ``run_dir``, its output in ``log_path``, in its own process group (so a timeout
+    ends its children too); (exit status or None when killed at ``timeout_s``, wall seconds)."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    started = time.perf_counter()
+    returncode: int | None
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        live.add(proc)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.wait()
+            returncode = None
+        finally:
+            live.discard(proc)
+    return returncode, time.perf_counter() - started
+
+
 @dataclass
 class WarmStart:
     """The warm start an arms comparison shares between the arms of one (example, seed)."""
@@ -743,23 +768,8 @@ def make_warm_start(
     shown = _shown(cmd, root)
     if resume and (folder / "warm_start.json").exists() and log_path.exists():
         return WarmStart(example, seed, str(folder), shown, _log_wall_s(log_path) or 0.0, resumed=True)
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    started = time.perf_counter()
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        live.add(proc)
-        try:
-            returncode: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.wait()
-            returncode = None
-        finally:
-            live.discard(proc)
-    warm = WarmStart(example, seed, str(folder), shown, time.perf_counter() - started)
+    returncode, wall = _run_logged(cmd, root, run_dir, log_path, threads, timeout_s, live)
+    warm = WarmStart(example, seed, str(folder), shown, wall)
     if returncode != 0 or not (folder / "warm_start.json").exists():
         warm.error = f"warm start {'timed out' if returncode is None else f'exit {returncode}'}, see {log_path}"
     return warm
@@ -851,26 +861,9 @@ def run_one(
     """One ``train.py`` in a fresh process (own process group, so a timeout ends its children too)."""
     name = _run_name(seed, air, arm)
     run_dir = out / example / name
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
     log_path = out / example / f"{name}.log"
     cmd = train_command(root, example, seed, run_dir, air, extra, arm)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    started = time.perf_counter()
-    returncode: int | None
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        live.add(proc)
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.wait()
-            returncode = None
-        finally:
-            live.discard(proc)
-    wall = time.perf_counter() - started
+    returncode, wall = _run_logged(cmd, root, run_dir, log_path, threads, timeout_s, live)
     shown = _shown(cmd, root)
     run = Run(example, seed, air, shown, returncode, wall, log=str(log_path), arm=arm)
     if arm and example == "sql_agent":
