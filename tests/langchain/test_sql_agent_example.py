@@ -240,3 +240,21 @@ def test_the_adapters_run_file_trains_one_adapter_per_role_and_answers_the_check
     adapters = out / "checkpoints" / "step_00002" / "adapters"
     assert (adapters / "writer" / "adapter_config.json").is_file()
     assert (adapters / "rewriter" / "adapter_model.safetensors").is_file()
+
+
+def test_a_warm_start_made_once_starts_later_runs(train_module: ModuleType, tmp_path: Path) -> None:
+    """``--warm-only`` makes the warm start and stops (no training, no metrics); a later run starts from
+    its folder with ``--model <it> --warm-start-steps 0`` (how benchmarks/examples.py --arms shares one)."""
+    pytest.importorskip("torch")
+    warm, run = tmp_path / "warm", tmp_path / "run"
+    small = ["--n-train", "4", "--n-val", "2", "--n-probe", "2", "--max-tokens", "16", "--quiet"]
+    steps = ["--warm-start-steps", "2", "--polish-steps", "2", "--habit-steps", "2"]
+    assert train_module.main([*small, *steps, "--warm-only", "--out", str(warm)]) is None
+    assert (warm / "warm_start" / "warm_start.json").is_file() and not (warm / "metrics.jsonl").exists()
+    assert not LangChainInstrumentor().is_instrumented
+    argv = [*small, "--steps", "1", "--batch-size", "2", "--group-size", "2", "--val-every", "0"]
+    argv += ["--model", str(warm / "warm_start"), "--warm-start-steps", "0", "--out", str(run)]
+    assert train_module.main(argv) is not None
+    assert not (run / "warm_start").exists()  # nothing warm-started again
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/reward_mean" in r] == [1]
