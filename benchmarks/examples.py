@@ -763,8 +763,7 @@ def make_warm_start(
     weights and its wall time is its RL phase; ``--resume`` reuses one that an earlier invocation saved."""
     run_dir = out / example / f"seed{seed}-warm"
     folder, log_path = run_dir / "warm_start", out / example / f"seed{seed}-warm.log"
-    cmd = [sys.executable, str(root / "examples" / example / "train.py"), "--seed", str(seed)]
-    cmd += ["--out", str(run_dir), "--quiet", *extra, "--warm-only"]
+    cmd = train_command(root, example, seed, run_dir, True, [*extra, "--warm-only"])
     shown = _shown(cmd, root)
     if resume and (folder / "warm_start.json").exists() and log_path.exists():
         return WarmStart(example, seed, str(folder), shown, _log_wall_s(log_path) or 0.0, resumed=True)
