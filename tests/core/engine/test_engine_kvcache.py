@@ -158,7 +158,7 @@ def test_a_decode_step_writes_in_place_until_the_room_runs_out() -> None:
         grown = columns.append(torch.full((2, 1), float(step)))
         assert grown.data_ptr() == before  # no copy while reserved columns last
     assert columns.columns == MIN_CAPACITY
-    columns.append(torch.zeros((2, 1)))  # full: the capacity doubles, the data moves once
+    columns.append(torch.zeros((2, 1)))  # full: the capacity grows by one step, the data moves once
     assert columns.capacity == 2 * MIN_CAPACITY and columns.columns == MIN_CAPACITY + 1
     assert torch.equal(columns.data[:, :3], data) and columns.data[1, 3 + 7] == 7.0
 
@@ -176,6 +176,7 @@ def test_keep_and_stack_move_only_the_window() -> None:
     selected = ColumnBuffer(torch.tensor([[0, 1], [1, 1]]), 1, rows=torch.tensor([1, 1, 0]))
     assert selected.data.tolist() == [[1, 1], [1, 1], [0, 1]] and selected.capacity == MIN_CAPACITY
     assert capacity_for(1) == MIN_CAPACITY and capacity_for(65) == 128 and capacity_for(128) == 128
+    assert capacity_for(330) == 384  # a fixed step, not the next power of two (512): less room held per row
 
 
 def test_gqa_attention_equals_sdpa_on_a_padded_batch(models: tuple[Any, Any]) -> None:

@@ -68,3 +68,30 @@ def test_auto_picks_bfloat16_only_where_it_is_fast() -> None:
     assert TorchBackendConfig(autocast="auto", device="cuda").autocast == "bfloat16"
     with pytest.raises(ValueError, match="autocast"):
         TorchBackendConfig(autocast="int8")
+
+
+def test_auto_precision_takes_bfloat16_only_where_this_cpu_measures_it_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU flags do not promise speed: an AVX-512 Xeon with AVX512_BF16 (no AMX) ran bfloat16 matmuls
+    at 0.5-0.9x float32's rate, so ``auto`` times them where the flags allow bfloat16 at all."""
+    import lightning_rl.backends.torch_backend as tb
+
+    seconds = {torch.float32: 1.0, torch.bfloat16: 1.0}
+    timed: list[torch.dtype] = []
+    monkeypatch.setattr(tb, "_matmul_seconds", lambda dtype: timed.append(dtype) or seconds[dtype])
+
+    def decide(flags: set[str] | None, bf16_seconds: float) -> bool:
+        monkeypatch.setattr(tb, "_cpu_flags", lambda: flags)
+        seconds[torch.bfloat16] = bf16_seconds
+        tb.fast_bfloat16.cache_clear()
+        try:
+            return tb.fast_bfloat16("cpu")
+        finally:
+            tb.fast_bfloat16.cache_clear()
+
+    assert not decide({"avx2"}, 0.1) and not timed  # no bfloat16 instructions: emulated, not even timed
+    assert not decide({"avx512_bf16"}, 1.6)  # the flag, but slower than float32 (the Xeon above)
+    assert not decide({"avx512_bf16"}, 0.9)  # within the margin: float32 stays
+    assert decide({"avx512_bf16"}, 0.2)  # 5x faster (the AMD EPYC's ratio)
+    assert decide({"amx_bf16"}, 0.25)
+    assert decide(None, 0.5) and not decide(None, 2.0)  # no /proc/cpuinfo: the timing alone decides
+    assert tb.fast_bfloat16("cuda:0")

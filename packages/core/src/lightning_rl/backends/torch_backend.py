@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import math
 import os
@@ -188,27 +189,54 @@ class TorchBackendConfig:
             )
 
 
+BFLOAT16_MARGIN = 1.25
+"""How much faster than float32 a CPU's bfloat16 matmul must measure for ``auto`` to choose it (a
+margin, so that a machine where both run alike does not flip between runs)."""
+
+
+@functools.cache
 def fast_bfloat16(device: str = "cpu") -> bool:
-    """Whether bfloat16 matmuls run natively on ``device``: any CUDA device, or a CPU whose flags
-    (``/proc/cpuinfo``) include ``avx512_bf16`` or ``amx_bf16``. Where the flags cannot be read
-    (not Linux), a 64x256x256 matmul is timed in both precisions (a few milliseconds)."""
+    """Whether bfloat16 runs faster than float32 on ``device``: any CUDA device; on a CPU, only when a
+    model-sized bfloat16 matmul measures ``BFLOAT16_MARGIN`` times float32's rate or more.
+
+    CPU flags alone do not decide it. Without ``avx512_bf16`` or ``amx_bf16`` (``/proc/cpuinfo``)
+    bfloat16 is emulated (~60x slower: 0.4 against 25 GFLOP/s on an AVX2 EPYC), so the answer is no
+    without timing. With them it is measured, because the flags do not promise speed: an AVX-512 Intel
+    Xeon with AVX512_BF16 and no AMX ran torch's bfloat16 matmuls at 0.5-0.9x its float32 rate (2
+    threads; ``benchmarks/roofline.py``), where an AMD EPYC with the same flag ran them 4.7x faster.
+    The timing (256 x 576 by 576 x 1,536, a batch through SmolLM2's MLP, best of 3 per precision)
+    takes milliseconds, once per process.
+    """
     if device.startswith("cuda"):
         return True
+    flags = _cpu_flags()
+    if flags is not None and not flags & {"avx512_bf16", "amx_bf16"}:
+        return False  # (not Linux: the timing alone decides; emulated bfloat16 makes it slow, once)
+    ratio = _matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16)
+    fast = ratio >= BFLOAT16_MARGIN
+    log.info("bfloat16 matmul at %.2fx float32's rate on this CPU: %s", ratio, "bfloat16" if fast else "float32")
+    return fast
+
+
+def _cpu_flags() -> set[str] | None:
+    """The words of ``/proc/cpuinfo`` (the CPU flags among them), or None where there is no such file."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-        return bool(flags & {"avx512_bf16", "amx_bf16"})
+            return set(f.read().split())
     except OSError:
-        pass
-    seconds: dict[torch.dtype, float] = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(64, 256, dtype=dtype), torch.randn(256, 256, dtype=dtype)
-        torch.mm(a, b)  # warm-up
+        return None
+
+
+def _matmul_seconds(dtype: torch.dtype) -> float:
+    """Best of 3 timings of a 256 x 576 by 576 x 1,536 matmul in ``dtype`` (after a warm-up)."""
+    a, b = torch.randn(256, 576).to(dtype), torch.randn(576, 1536).to(dtype)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(3):
         started = time.perf_counter()
-        for _ in range(5):
-            torch.mm(a, b)
-        seconds[dtype] = time.perf_counter() - started
-    return seconds[torch.bfloat16] * 1.5 < seconds[torch.float32]
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    return best
 
 
 @dataclass

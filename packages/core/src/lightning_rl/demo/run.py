@@ -171,7 +171,7 @@ class DemoConfig:
             "lora_layers": 15,
             "kl_every": 4,
             "shared_prefix": 64,
-            "micro_batch_tokens": 4096,
+            "micro_batch_tokens": 2048,
             "tool_token": "<",
             "precision": "auto",
         }
