@@ -293,11 +293,15 @@ def main(argv: list[str] | None = None) -> None:
     skip = set(filter(None, args.skip.split(",")))
     load_start = os.getloadavg()[0]  # other jobs on the machine slow every figure: say how busy it was
     rows: list[Row] = []
-    from lightning_rl.backends.torch_backend import fast_bfloat16
+    from lightning_rl.backends.torch_backend import cpu_flags, fast_bfloat16
 
+    flags = cpu_flags()
+    native = flags is None or bool(flags & {"avx512_bf16", "amx_bf16"})
+    if "bfloat16" in args.dtype and native:  # measured either way; this says what precision=auto picks
+        print(f"[precision auto] {'bfloat16' if fast_bfloat16('cpu') else 'float32'} (fast_bfloat16)")
     for name in args.dtype.split(","):
         dtype = getattr(torch, name)
-        if dtype == torch.bfloat16 and not fast_bfloat16("cpu"):
+        if dtype == torch.bfloat16 and not native:
             # emulated: one large bfloat16 matmul takes seconds; say so and measure nothing with it
             a, b = torch.randn(64, 256, dtype=dtype), torch.randn(256, 256, dtype=dtype)
             start = time.perf_counter()

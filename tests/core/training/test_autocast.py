@@ -80,7 +80,7 @@ def test_auto_precision_takes_bfloat16_only_where_this_cpu_measures_it_faster(mo
     monkeypatch.setattr(tb, "_matmul_seconds", lambda dtype: timed.append(dtype) or seconds[dtype])
 
     def decide(flags: set[str] | None, bf16_seconds: float) -> bool:
-        monkeypatch.setattr(tb, "_cpu_flags", lambda: flags)
+        monkeypatch.setattr(tb, "cpu_flags", lambda: flags)
         seconds[torch.bfloat16] = bf16_seconds
         tb.fast_bfloat16.cache_clear()
         try:

@@ -53,6 +53,7 @@ __all__ = [
     "TorchBackend",
     "MicroBatch",
     "pack_micro_batches",
+    "cpu_flags",
     "fast_bfloat16",
     "response_logits",
     "shared_prefix_len",
@@ -126,13 +127,13 @@ class TorchBackendConfig:
     numbers differ by rounding). Full fine-tuning in bfloat16 keeps bfloat16 master weights, whose
     small updates round away: use ``autocast`` for that instead."""
     autocast: str | None = None
-    """``"auto"``: ``"bfloat16"`` where this machine's bfloat16 matmuls are fast (a GPU, or a CPU with
-    AVX512_BF16 or AMX: ``fast_bfloat16``), else ``None``. A CPU without them emulates bfloat16 and
-    runs it ~60x slower than float32 (0.4 vs 25 GFLOP/s measured on an AVX2 EPYC).
+    """``"auto"``: ``"bfloat16"`` where this machine's bfloat16 matmuls are measured faster than
+    float32's (``fast_bfloat16``), else ``None``. A CPU without AVX512_BF16 or AMX emulates bfloat16
+    and runs it ~60x slower than float32 (0.4 vs 25 GFLOP/s measured on an AVX2 EPYC).
     ``"bfloat16"``: run the decoder body's matmuls in bfloat16 under ``torch.autocast`` while the
     weights, their gradients and the optimizer stay float32, and the output head and the softmax run
-    in float32 (a bfloat16 head would put ~0.05 nats of rounding into every logprob). On a CPU with
-    AVX512_BF16 or AMX a bfloat16 matmul is 3-5x faster (``benchmarks/roofline.py``). The policy then
+    in float32 (a bfloat16 head would put ~0.05 nats of rounding into every logprob). Where ``auto``
+    chooses it, a bfloat16 matmul was 3-5x faster (``benchmarks/roofline.py``). The policy then
     differs from a float32 engine by bfloat16 rounding, so pair it with ``old_logprobs="recompute"``:
     the PPO ratio is taken against this backend's own logprobs, not the engine's (the gap between the
     two is measured in tests/core/training/test_autocast.py). ``None``: float32 throughout."""
@@ -209,7 +210,7 @@ def fast_bfloat16(device: str = "cpu") -> bool:
     """
     if device.startswith("cuda"):
         return True
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if flags is not None and not flags & {"avx512_bf16", "amx_bf16"}:
         return False  # (not Linux: the timing alone decides; emulated bfloat16 makes it slow, once)
     ratio = _matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16)
@@ -218,7 +219,7 @@ def fast_bfloat16(device: str = "cpu") -> bool:
     return fast
 
 
-def _cpu_flags() -> set[str] | None:
+def cpu_flags() -> set[str] | None:
     """The words of ``/proc/cpuinfo`` (the CPU flags among them), or None where there is no such file."""
     try:
         with open("/proc/cpuinfo") as f:

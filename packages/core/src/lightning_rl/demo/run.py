@@ -124,7 +124,8 @@ class DemoConfig:
     """The first token of a tool call in the model's format (the habit phase drives its probability down)."""
     max_tokens: int = 48
     micro_batch_tokens: int = 16_384
-    """``TorchBackendConfig.micro_batch_tokens``: padded tokens per forward of the update."""
+    """``TorchBackendConfig.micro_batch_tokens``: padded tokens per forward of the warm start's SFT
+    steps and of the RL updates (it bounds their activations' memory)."""
     progress: bool = True
     deterministic: bool = False
     """``TrainerConfig.deterministic``: two runs of one seed log identical metrics (slower)."""
@@ -229,6 +230,7 @@ def warm_start(
             tool_token=cfg.tool_token,
             lora_rank=cfg.lora_rank,
             shared_prefix=cfg.shared_prefix,
+            micro_batch_tokens=cfg.micro_batch_tokens,
             dtype=_resolved_precision(cfg.precision),
             progress=cfg.progress,
         ),

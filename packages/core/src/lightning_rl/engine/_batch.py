@@ -30,7 +30,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from lightning_rl.engine._attention import use_gqa_attention
-from lightning_rl.engine._kvcache import ColumnBuffer, GrowingCache
+from lightning_rl.engine._kvcache import ColumnBuffer, GrowingCache, release
 
 __all__ = ["KVBatch"]
 
@@ -114,6 +114,7 @@ class KVBatch:
             raise RuntimeError("cannot merge KV caches of this kind; the scheduler must wait for the batch to drain")
         for layer, new in zip(self._cache.layers, cache.layers, strict=True):
             layer.stack(new.keys, new.values, rows)
+            release(new)  # one layer at a time: the prefill's cache and the grown one never both whole
         self._mask.stack(mask, rows)
 
     def decode(self, next_tokens: Sequence[int]) -> torch.Tensor:

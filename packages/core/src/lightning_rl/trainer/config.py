@@ -116,8 +116,9 @@ class TrainerConfig:
     device: str = "cpu"
     precision: str = "float32"
     """Number format of the engine and of the policy's frozen weights: ``float32``, ``bfloat16``, or
-    ``auto`` (``bfloat16`` where this machine runs it natively: a GPU, or a CPU with AVX512_BF16 or
-    AMX, see ``fast_bfloat16``; else ``float32``: an AVX2 CPU emulates bfloat16 ~60x slower). In
+    ``auto`` (``bfloat16`` where it runs faster: a GPU, or a CPU with AVX512_BF16 or AMX whose
+    bfloat16 matmul measures at least 1.25x float32's, see ``fast_bfloat16``; else ``float32``: an
+    AVX2 CPU emulates bfloat16 ~60x slower, and some AVX512_BF16 CPUs run it slower too). In
     ``bfloat16`` the engine serves bfloat16 weights and its KV cache is bfloat16; the backend keeps a
     LoRA base in bfloat16 (``TorchBackendConfig.dtype``) or, when every weight trains, runs the body
     under autocast with float32 weights; and the PPO ratio is taken against the backend's own
