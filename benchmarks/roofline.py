@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from _common import generated_line
 
-__all__ = ["main", "ModelShape"]
+__all__ = ["main", "ModelShape", "demo_prompts", "peak_rss_gb", "reset_peak_rss"]
 
 _DEMO_ROWS = 64  # the demo's concurrency: 8 tasks x 8 samples
 _RESPONSE = 24  # tokens per response (the demo's responses are 10-40)
@@ -98,7 +98,7 @@ def matmul_rate(dtype: torch.dtype, shape: ModelShape) -> float:
     return best
 
 
-def _demo_prompts(tokenizer: Any, n: int, seed: int) -> list[list[int]]:
+def demo_prompts(tokenizer: Any, n: int, seed: int) -> list[list[int]]:
     """``n`` distinct first-turn prompts of the demo's calculator agent, rendered with the model's template."""
     from lightning_rl.demo.calculator import CALCULATOR_TOOL, SYSTEM_PROMPT, make_tasks
 
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         shape = ModelShape.of(model.config)
         bound = matmul_rate(dtype, shape)
         print(f"[{name}] matmul bound {bound / 1e9:.1f} GFLOP/s at {torch.get_num_threads()} threads", flush=True)
-        prompts = _demo_prompts(tokenizer, _DEMO_ROWS, seed=0)
+        prompts = demo_prompts(tokenizer, _DEMO_ROWS, seed=0)
         pad = int(tokenizer.pad_token_id or 0)
 
         def add(what: str, tps: float, flops: float, note: str) -> None:
