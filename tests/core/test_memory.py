@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -90,3 +91,25 @@ def test_peak_memory_keeps_the_peak_before_its_first_window_as_other() -> None:
     memory.phase("quiet")
     peaks = memory.metrics()
     assert peaks["mem/other_peak_gb"] >= peaks["mem/quiet_peak_gb"] + 0.25
+
+
+def test_large_blocks_are_mapped_so_that_freeing_one_returns_it_at_once() -> None:
+    """Without the fixed threshold glibc serves a 24 MB block from an arena once one was freed (its
+    threshold rises to it), and the arena keeps the pages after the free until a trim."""
+    script = (
+        "import sys; from lightning_rl.memory import map_large_blocks\n"
+        "import torch\n"
+        "def rss():\n"
+        "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS')) / 1e3\n"
+        "if sys.argv[1] == 'mapped': assert map_large_blocks()\n"
+        "for _ in range(3):\n"
+        "    before = rss(); t = torch.ones(6 * 1024 * 1024); del t\n"  # 24 MB, touched, freed
+        "print(round(rss() - before))\n"
+    )
+    kept = {
+        mode: int(
+            subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True).stdout
+        )
+        for mode in ("default", "mapped")
+    }
+    assert kept["mapped"] < 4, kept  # MB still resident after the last free

@@ -23,6 +23,7 @@ from lightning_rl.demo.calculator import (
     make_tasks,
     reporting_demonstrations,
 )
+from lightning_rl.memory import map_large_blocks
 from lightning_rl.trainer import Trainer, TrainerConfig, TrainResult
 from lightning_rl.trainer.staged_warm_start import (
     StagedWarmStartConfig,
@@ -284,6 +285,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
 
     cfg = cfg or DemoConfig()
     started = time.perf_counter()
+    map_large_blocks()  # from the warm start on (the trainer sets it too; lightning_rl.memory says why)
     _quiet_hf_bars()
     run_dir = Path(cfg.run_dir)
     if cfg.model != "tiny":

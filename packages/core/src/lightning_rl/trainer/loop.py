@@ -33,7 +33,7 @@ from lightning_rl.agent import AgentFn
 from lightning_rl.algorithms.base import TrainResult
 from lightning_rl.capture import retokenize_samples
 from lightning_rl.credit import RolloutSample
-from lightning_rl.memory import PeakMemory, release_free_memory
+from lightning_rl.memory import PeakMemory, map_large_blocks, release_free_memory
 from lightning_rl.plugins.base import declared_trainable
 from lightning_rl.rewards import GroupJudge, judge_samples
 from lightning_rl.roles import RoleSelector, RoleSpec
@@ -167,6 +167,7 @@ class Trainer:
         cfg = self.config
         if not train_tasks:
             raise ValueError("fit() needs at least one training task.")
+        map_large_blocks()  # KV caches and logits come and go every step: mapped, never fragmenting arenas
         self.run_dir.mkdir(parents=True, exist_ok=True)
         public = json.loads(json.dumps(asdict(cfg), default=str))
         if cfg.judge is not None and cfg.judge.api_key:
