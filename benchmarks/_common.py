@@ -21,6 +21,7 @@ __all__ = [
     "parse_seeds",
     "generated_line",
     "RssSampler",
+    "rss_gb",
     "logged_peak_gb",
     "paste_block",
 ]
@@ -93,6 +94,18 @@ def generated_line(script: str, argv: list[str] | None, machine: str) -> str:
     args = " ".join(argv if argv is not None else sys.argv[1:])
     command = f"uv run python benchmarks/{script} {args}".strip()
     return f"Generated {stamp} at commit `{git_commit()}` by `{command}` ({cpu_name()}, {machine})."
+
+
+def rss_gb() -> float:
+    """The process's resident memory now (``VmRSS``), in GB; NaN off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1e6
+    except OSError:
+        pass
+    return float("nan")
 
 
 def logged_peak_gb(metrics: Path) -> float:

@@ -23,22 +23,10 @@ import time
 from typing import Any
 
 import torch
-from _common import generated_line
+from _common import generated_line, rss_gb
 from roofline import demo_prompts, peak_rss_gb, reset_peak_rss
 
 __all__ = ["main", "measure"]
-
-
-def rss_gb() -> float:
-    """The process's resident memory now (``VmRSS``), in GB; NaN off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1e6
-    except OSError:
-        pass
-    return float("nan")
 
 
 def measure(

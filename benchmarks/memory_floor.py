@@ -25,21 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import generated_line
+from _common import generated_line, rss_gb
 
 __all__ = ["main"]
-
-
-def rss_gb() -> float:
-    """The process's resident memory now (``VmRSS``), in GB; NaN off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1e6
-    except OSError:
-        pass
-    return float("nan")
 
 
 def main(argv: list[str] | None = None) -> None:

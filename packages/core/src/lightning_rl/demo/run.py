@@ -145,7 +145,8 @@ class DemoConfig:
     @classmethod
     def smollm2(cls, **overrides: Any) -> DemoConfig:
         """SmolLM2-135M-Instruct (``lightning-rl demo --model smollm2-135m``), sized for 8 minutes on 2
-        CPU cores with AVX512_BF16 (docs/models.md, "The real model at laptop cost"). The pretrained
+        CPU cores where bfloat16 runs fast (6 min on an AMD EPYC with AVX512_BF16; about 13 in float32
+        on an Intel Xeon whose bfloat16 is slow: docs/models.md, "The real model at laptop cost"). The pretrained
         model writes no tool call at all (benchmarks/smollm2.py), so the warm start teaches the call
         in a few dozen LoRA steps, then the habit of answering from memory; GRPO with LoRA then has
         to bring the tool back. Why each number: docs/models.md."""

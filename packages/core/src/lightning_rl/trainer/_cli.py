@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
         default="tiny",
         choices=["tiny", "smollm2-135m"],
         help="tiny: built locally (minutes); smollm2-135m: the real SmolLM2-135M-Instruct of the smollm2 extra "
-        "(about 20 minutes on 2 cores)",
+        "(6-15 minutes on 2 cores, depending on the CPU: docs/models.md)",
     )
     p.add_argument(
         "--quick",
