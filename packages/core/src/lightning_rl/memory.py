@@ -42,18 +42,24 @@ __all__ = ["release_free_memory", "map_large_blocks", "PeakMemory"]
 
 
 @cache
-def _trim() -> Any:
+def _glibc() -> Any:
+    """glibc, loaded once; None on other C libraries (no ``malloc_trim``) and off Linux."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    trim = getattr(libc, "malloc_trim", None)  # glibc only
-    if trim is not None:
-        trim.argtypes = [ctypes.c_size_t]
-        trim.restype = ctypes.c_int
-    return trim
+    if getattr(libc, "malloc_trim", None) is None:  # glibc only
+        return None
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim.restype = ctypes.c_int
+    return libc
+
+
+def _trim() -> Any:
+    libc = _glibc()
+    return libc.malloc_trim if libc is not None else None
 
 
 def release_free_memory() -> bool:
@@ -75,9 +81,9 @@ def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
     """Serve blocks of ``threshold`` bytes or more from ``mmap`` for the rest of the process (glibc's
     ``mallopt(M_MMAP_THRESHOLD)``, which also stops glibc raising that threshold by itself); True when
     set. A no-op, False, off glibc. Setting it again only moves the threshold."""
-    if _trim() is None:  # not glibc (no malloc_trim): no mallopt either
+    libc = _glibc()
+    if libc is None:
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     return bool(libc.mallopt(ctypes.c_int(_M_MMAP_THRESHOLD), ctypes.c_int(threshold)))
 
 
