@@ -22,6 +22,20 @@ def _rss_anon_mb() -> float:
     raise AssertionError("no RssAnon in /proc/self/status")
 
 
+def _touch_fresh_pages(size: int) -> None:
+    """Make ``size`` bytes resident, then unmap them. An anonymous map, not a ``bytearray``: in a long
+    pytest process malloc can serve 300 MB from freed, still-resident heap chunks (CI once did), and
+    the resident set, so the peak, would not move at all."""
+    import mmap
+
+    block = mmap.mmap(-1, size)
+    try:
+        for i in range(0, size, mmap.PAGESIZE):
+            block[i] = 1
+    finally:
+        block.close()
+
+
 def test_freed_chunks_in_the_middle_of_the_heap_are_returned() -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     if not hasattr(libc, "malloc_trim"):
@@ -61,10 +75,7 @@ def test_peak_memory_attributes_a_peak_to_the_phase_it_happened_in() -> None:
 
     memory = PeakMemory()
     memory.phase("quiet")
-    block = bytearray(300_000_000)  # 300 MB, touched: resident
-    for i in range(0, len(block), 4096):
-        block[i] = 1
-    del block
+    _touch_fresh_pages(300_000_000)
     memory.phase("busy")
     if not sys.platform.startswith("linux"):
         assert memory.metrics() == {}
@@ -83,10 +94,7 @@ def test_peak_memory_keeps_the_peak_before_its_first_window_as_other() -> None:
     if not sys.platform.startswith("linux"):
         return
     PeakMemory()  # start a fresh window
-    block = bytearray(300_000_000)  # 300 MB, touched: resident, then freed before the next window
-    for i in range(0, len(block), 4096):
-        block[i] = 1
-    del block
+    _touch_fresh_pages(300_000_000)  # resident, then unmapped before the next window
     memory = PeakMemory()
     memory.phase("quiet")
     peaks = memory.metrics()
