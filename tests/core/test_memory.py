@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,60 @@ def test_large_blocks_are_mapped_so_that_freeing_one_returns_it_at_once() -> Non
         for mode in ("default", "mapped")
     }
     assert kept["mapped"] < 4, kept  # MB still resident after the last free
+
+
+def _child_env(**set_: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    return {**env, **set_}
+
+
+def _run(script: str, env: dict[str, str]) -> str:
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_kernel_cache_is_bounded_only_before_torch_loads_and_never_over_the_users_setting() -> None:
+    show = "import os; print(r, os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"
+    first = "from lightning_rl.memory import bound_kernel_cache; r = bound_kernel_cache(); " + show
+    late = "import torch; from lightning_rl.memory import bound_kernel_cache; r = bound_kernel_cache(); " + show
+    assert _run(first, _child_env()).split() == ["True", "64"]
+    assert _run(first, _child_env(ONEDNN_PRIMITIVE_CACHE_CAPACITY="8")).split() == ["False", "8"]
+    assert _run(late, _child_env()).split() == ["False", "None"]  # too late: oneDNN read it when torch loaded
+
+
+def test_the_lightning_rl_command_bounds_the_kernel_cache_before_its_commands_import_torch() -> None:
+    script = (
+        "import os, sys\n"
+        "from lightning_rl.cli import main\n"
+        "try:\n"
+        "    main(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('torch' in sys.modules, os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))\n"
+    )
+    assert _run(script, _child_env()).splitlines()[-1].split() == ["False", "64"]  # after --version's line
+
+
+def test_a_bounded_kernel_cache_keeps_less_memory_over_many_bfloat16_shapes() -> None:
+    """The creep it exists for (lightning_rl.memory): oneDNN keeps a primitive per matmul shape."""
+    pytest.importorskip("torch")
+    script = (
+        "import random, torch\n"
+        "torch.set_num_threads(1)\n"
+        "def rss():\n"
+        "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS')) / 1e3\n"
+        "layer = torch.nn.Linear(576, 1536, bias=False).to(torch.bfloat16)\n"
+        "rows = random.Random(0)\n"
+        "with torch.inference_mode():\n"
+        "    layer(torch.ones(1, 576, dtype=torch.bfloat16))\n"
+        "    before = rss()\n"
+        "    for _ in range(150):\n"
+        "        layer(torch.ones(rows.randint(1, 600), 576, dtype=torch.bfloat16))\n"
+        "print(round(rss() - before))\n"
+    )
+    grown = {
+        cap: int(_run(script, _child_env(**({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": cap} if cap else {}))))
+        for cap in ("", "8")
+    }
+    if grown[""] < 40:
+        pytest.skip(f"torch's bfloat16 matmul keeps no per-shape state on this CPU ({grown} MB): nothing to bound")
+    assert grown["8"] < grown[""] / 2, grown  # MB grown over 150 calls of ~120 distinct shapes

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from lightning_rl.memory import bound_kernel_cache
+
+    bound_kernel_cache()  # before any command imports torch (lightning_rl.memory says why)
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler

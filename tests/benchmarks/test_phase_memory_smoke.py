@@ -1,0 +1,43 @@
+"""``benchmarks/phase_memory.py``: a run's per-step phase peaks, read back from the metrics.jsonl it logged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .conftest import load_benchmark
+
+
+def _run(folder: Path, records: list[dict[str, float]]) -> Path:
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_phase_memory_prints_a_row_per_run_and_phase(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_benchmark("phase_memory")
+    a = _run(
+        tmp_path / "a",
+        [
+            {"step": 0.0, "mem/validation_peak_gb": 2.5},
+            {"step": 1.0, "mem/rollouts_peak_gb": 2.2, "mem/publish_peak_gb": 1.7},
+            {"step": 2.0, "mem/rollouts_peak_gb": 2.4, "mem/publish_peak_gb": 1.8},
+            {"step": 2.0, "mem/rollouts_peak_gb": 2.6},  # logged twice in a step: the larger is its peak
+        ],
+    )
+    b = _run(tmp_path / "b", [{"step": 1.0, "mem/rollouts_peak_gb": 3.1}])
+    bench.main([f"before={a}", f"after={b}", "--phases", "publish,rollouts"])
+    out = capsys.readouterr().out
+    assert out.startswith("Generated ")
+    assert "| run | phase | step 1 | step 2 |" in out
+    assert "| before | publish | 1.70 | 1.80 |" in out
+    assert "| before | rollouts | 2.20 | 2.60 |" in out
+    assert "| after | rollouts | 3.10 |  |" in out
+
+
+def test_phase_memory_says_which_folder_has_no_metrics(tmp_path: Path) -> None:
+    bench = load_benchmark("phase_memory")
+    with pytest.raises(SystemExit):
+        bench.main([f"x={tmp_path}"])
