@@ -7,7 +7,8 @@ tokens), so a bfloat16 run's resident memory crept up step after step where a fl
 not (docs/models.md). This script feeds one SmolLM2-sized ``Linear(576, 1536)`` ``--calls`` inputs
 of random row counts (1 to ``--max-rows``, the same sequence for every variant) in a fresh process
 per variant, since the capacity is read when torch loads, and prints each process's resident memory
-before and after, and the time the calls took.
+before and after (after ``malloc_trim``, so that free memory glibc keeps is not counted), and the
+time the calls took.
 
     uv run python benchmarks/kernel_cache.py [--capacities default,64,256] [--dtype bfloat16,float32]
 
@@ -36,16 +37,20 @@ def _child(dtype: str, calls: int, max_rows: int, threads: int) -> None:
 
     import torch
 
+    from lightning_rl.memory import release_free_memory
+
     torch.set_num_threads(threads)
     layer = torch.nn.Linear(576, 1536, bias=False).to(getattr(torch, dtype))
     rows = random.Random(0)
     with torch.inference_mode():
         layer(torch.randn(1, 576, dtype=layer.weight.dtype))  # the library's own first-use state
+        release_free_memory()
         before = rss_gb()
         start = time.perf_counter()
         for _ in range(calls):
             layer(torch.randn(rows.randint(1, max_rows), 576, dtype=layer.weight.dtype))
         seconds = time.perf_counter() - start
+    release_free_memory()  # what glibc holds free is not the kernels' state: count memory in use only
     print(json.dumps({"before": before, "after": rss_gb(), "seconds": seconds}))
 
 
