@@ -28,13 +28,13 @@ metrics.jsonl). Elsewhere it reports nothing. The resets also lower what ``getru
 later report as the process's max RSS, so the process's peak is the largest ``mem/*_peak_gb``
 (``other`` holds what ran outside the phases: for the first, everything before the trainer), not its exit rusage.
 
-:func:`bound_kernel_cache` bounds the memory of torch's CPU kernels themselves. In bfloat16 (and
-float16) torch runs matmuls through oneDNN, which builds a primitive, with its own JIT-compiled
+:func:`bound_kernel_cache` bounds the memory of torch's CPU kernels themselves. In bfloat16 torch
+runs matmuls through oneDNN, which builds a primitive, with its own JIT-compiled
 code, for every distinct shape, and keeps up to 1,024 of them. A run's shapes keep changing (every
 prefill and micro-batch has its own rows x tokens). ``benchmarks/kernel_cache.py`` measures it: on
 a 2-core AMD EPYC, a bfloat16 ``Linear(576, 1536)`` fed 600 inputs of random row counts kept 0.37 GB
-more memory in use by default and 0.19 GB with the cache at 64 primitives, at the same speed; in
-float32 torch does not use oneDNN for it. On the SmolLM2 demo the cap lowered the floor between steps by
+more memory in use by default and 0.19 GB with the cache at 64 primitives, at the same speed, and
+nothing in float32 (no per-shape state on that path). On the SmolLM2 demo the cap lowered the floor between steps by
 about 0.2 GB at first, less later (docs/models.md). The capacity is read once, when torch loads
 (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), so only a process that has not imported torch yet can set
 it: the ``lightning-rl`` command does, and a script can set the variable itself.
