@@ -160,6 +160,7 @@ def test_a_bounded_kernel_cache_keeps_less_memory_over_many_bfloat16_shapes() ->
     pytest.importorskip("torch")
     script = (
         "import random, torch\n"
+        "from lightning_rl.memory import release_free_memory\n"
         "torch.set_num_threads(1)\n"
         "def rss():\n"
         "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS')) / 1e3\n"
@@ -167,9 +168,10 @@ def test_a_bounded_kernel_cache_keeps_less_memory_over_many_bfloat16_shapes() ->
         "rows = random.Random(0)\n"
         "with torch.inference_mode():\n"
         "    layer(torch.ones(1, 576, dtype=torch.bfloat16))\n"
-        "    before = rss()\n"
+        "    release_free_memory(); before = rss()\n"
         "    for _ in range(150):\n"
         "        layer(torch.ones(rows.randint(1, 600), 576, dtype=torch.bfloat16))\n"
+        "release_free_memory()  # count memory in use, not what glibc keeps free\n"
         "print(round(rss() - before))\n"
     )
     grown = {
@@ -178,4 +180,6 @@ def test_a_bounded_kernel_cache_keeps_less_memory_over_many_bfloat16_shapes() ->
     }
     if grown[""] < 40:
         pytest.skip(f"torch's bfloat16 matmul keeps no per-shape state on this CPU ({grown} MB): nothing to bound")
-    assert grown["8"] < grown[""] / 2, grown  # MB grown over 150 calls of ~120 distinct shapes
+    # MB still in use after 150 calls of ~130 distinct shapes; measured on a 2-core AMD EPYC: 82 by
+    # default, 39 at 8 (the rest is kernel state outside the primitive cache), twice alike
+    assert grown["8"] <= grown[""] - 20, grown
