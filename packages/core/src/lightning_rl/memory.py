@@ -34,8 +34,8 @@ code, for every distinct shape, and keeps up to 1,024 of them. A run's shapes ke
 prefill and micro-batch has its own rows x tokens). ``benchmarks/kernel_cache.py`` measures it: on
 a 2-core AMD EPYC, a bfloat16 ``Linear(576, 1536)`` fed 600 inputs of random row counts kept 0.37 GB
 more memory in use by default and 0.19 GB with the cache at 64 primitives, at the same speed, and
-nothing in float32 (no per-shape state on that path). On the SmolLM2 demo the cap lowered the floor between steps by
-about 0.2 GB at first, less later (docs/models.md). The capacity is read once, when torch loads
+nothing in float32 (no per-shape state on that path). On the SmolLM2 demo the cap lowered the floor
+between steps by about 0.25 GB at first, less later (docs/models.md). The capacity is read once, when torch loads
 (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), so only a process that has not imported torch yet can set
 it: the ``lightning-rl`` command does, and a script can set the variable itself.
 """
