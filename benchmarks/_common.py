@@ -113,7 +113,12 @@ def logged_peak_gb(metrics: Path) -> float:
     memory. Not its exit rusage: the trainer resets the kernel's high-water mark at every phase
     (``lightning_rl.memory.PeakMemory``), so ``wait4``'s max RSS is only the last window's."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    values = [float(v) for r in rows for k, v in r.items() if k.startswith("mem/") and isinstance(v, int | float)]
+    values = [
+        float(v)
+        for r in rows
+        for k, v in r.items()
+        if k.startswith("mem/") and k.endswith("_peak_gb") and isinstance(v, int | float)
+    ]
     return max(values, default=0.0)
 
 

@@ -455,7 +455,13 @@ def render_example(example: str, runs: Sequence[Run], header: dict[str, Any], im
 
 def peak_memory_gb(rows: Sequence[dict[str, Any]]) -> float | None:
     """The process's peak resident memory over the run: the largest ``mem/<phase>_peak_gb`` it logged."""
-    values = [v for r in rows for k, raw in r.items() if k.startswith("mem/") if (v := _num(raw)) is not None]
+    values = [
+        v
+        for r in rows
+        for k, raw in r.items()
+        if k.startswith("mem/") and k.endswith("_peak_gb")
+        if (v := _num(raw)) is not None
+    ]
     return max(values) if values else None
 
 

@@ -1,18 +1,19 @@
-"""Memory that torch's CPU kernels keep per input shape, by oneDNN primitive-cache capacity.
+"""Memory that torch's CPU kernels keep per input shape, by the capacity of their caches.
 
-In bfloat16 torch runs a CPU matmul through oneDNN, which builds a primitive (with JIT-compiled code)
-for each distinct shape and caches up to ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` of them (1,024 by
-default). A training run's shapes keep changing (each prefill and micro-batch has its own rows x
-tokens), so a bfloat16 run's resident memory crept up step after step where a float32 run's did
-not (docs/models.md). This script feeds one SmolLM2-sized ``Linear(576, 1536)`` ``--calls`` inputs
-of random row counts (1 to ``--max-rows``, the same sequence for every variant) in a fresh process
-per variant, since the capacity is read when torch loads, and prints each process's resident memory
-before and after (after ``malloc_trim``, so that free memory glibc keeps is not counted), and the
-time the calls took.
+In bfloat16 torch runs a CPU matmul through oneDNN, and two caches keep state for each distinct
+shape, up to 1,024 shapes each by default: oneDNN's primitive cache (a primitive with JIT-compiled
+code; ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and ideep's cache of matmul setups in front of it
+(``LRU_CACHE_CAPACITY``). A training run's shapes keep changing (each prefill and micro-batch has
+its own rows x tokens), so a bfloat16 run's memory in use crept up step after step where a float32
+run's did not (docs/models.md). This script feeds one SmolLM2-sized ``Linear(576, 1536)`` ``--calls``
+inputs of random row counts (1 to ``--max-rows``, the same sequence for every variant) in a fresh
+process per variant, with both variables at the variant's capacity (oneDNN reads its own when torch
+loads), and prints each process's resident memory before and after (after ``malloc_trim``, so that
+free memory glibc keeps is not counted), and the time the calls took.
 
-    uv run python benchmarks/kernel_cache.py [--capacities default,64,256] [--dtype bfloat16,float32]
+    uv run python benchmarks/kernel_cache.py [--capacities default,64,8] [--dtype bfloat16,float32]
 
-``lightning-rl`` sets the capacity to ``lightning_rl.memory.KERNEL_CACHE_PRIMITIVES`` unless the
+``lightning-rl`` sets both to ``lightning_rl.memory.KERNEL_CACHE_PRIMITIVES`` unless the
 environment already does (``bound_kernel_cache``).
 """
 
@@ -26,6 +27,8 @@ import subprocess
 import sys
 
 from _common import generated_line, rss_gb
+
+from lightning_rl.memory import KERNEL_CACHE_VARIABLES
 
 __all__ = ["main", "measure"]
 
@@ -55,10 +58,11 @@ def _child(dtype: str, calls: int, max_rows: int, threads: int) -> None:
 
 
 def measure(capacity: str, dtype: str, calls: int, max_rows: int, threads: int) -> dict[str, float]:
-    """One variant in a fresh process: ``capacity`` is a number or ``default`` (the variable unset)."""
-    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    """One variant in a fresh process: ``capacity`` is a number for both caches, or ``default`` (the
+    variables unset)."""
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_CACHE_VARIABLES}
     if capacity != "default":
-        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = capacity
+        env.update(dict.fromkeys(KERNEL_CACHE_VARIABLES, capacity))
     argv = [sys.executable, __file__, "--child", dtype, str(calls), str(max_rows), str(threads)]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
     result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
@@ -67,7 +71,9 @@ def measure(capacity: str, dtype: str, calls: int, max_rows: int, threads: int) 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--capacities", default="default,64,256", help="comma-separated; 'default' leaves it unset")
+    parser.add_argument(
+        "--capacities", default="default,64,8", help="shapes per cache, comma-separated; 'default' leaves both unset"
+    )
     parser.add_argument("--dtype", default="bfloat16,float32", help="comma-separated torch dtypes")
     parser.add_argument("--calls", type=int, default=600, help="inputs fed to the layer")
     parser.add_argument("--max-rows", type=int, default=8000, help="an input's rows are drawn from 1 to this")
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     machine = f"Python {platform.python_version()}, {args.threads} threads"
     print(generated_line("kernel_cache.py", argv, machine))
     print(f"\n`Linear(576, 1536)` fed {args.calls} inputs of 1-{args.max_rows} random rows, a fresh process each\n")
-    print("| dtype | primitive cache | RSS before | RSS after | grown | seconds |")
+    print("| dtype | shapes per cache | RSS before | RSS after | grown | seconds |")
     print("|---|---:|---:|---:|---:|---:|")
     for dtype in args.dtype.split(","):
         for capacity in args.capacities.split(","):

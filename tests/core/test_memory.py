@@ -125,7 +125,7 @@ def test_large_blocks_are_mapped_so_that_freeing_one_returns_it_at_once() -> Non
 
 
 def _child_env(**set_: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
     return {**env, **set_}
 
 
@@ -133,23 +133,72 @@ def _run(script: str, env: dict[str, str]) -> str:
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
 
 
-def test_the_kernel_cache_is_bounded_only_before_torch_loads_and_never_over_the_users_setting() -> None:
-    show = "import os; print(r, os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"
-    first = "from lightning_rl.memory import bound_kernel_cache; r = bound_kernel_cache(); " + show
-    late = "import torch; from lightning_rl.memory import bound_kernel_cache; r = bound_kernel_cache(); " + show
-    assert _run(first, _child_env()).split() == ["True", "64"]
-    assert _run(first, _child_env(ONEDNN_PRIMITIVE_CACHE_CAPACITY="8")).split() == ["False", "8"]
-    assert _run(late, _child_env()).split() == ["False", "None"]  # too late: oneDNN read it when torch loaded
+def test_the_kernel_caches_are_bounded_in_time_and_never_over_the_users_setting() -> None:
+    show = "import os; print(','.join(r) or '-', *(os.environ.get(v) for v in KERNEL_CACHE_VARIABLES))"
+    call = "from lightning_rl.memory import KERNEL_CACHE_VARIABLES, bound_kernel_cache; r = bound_kernel_cache(); "
+    both = "ONEDNN_PRIMITIVE_CACHE_CAPACITY,LRU_CACHE_CAPACITY"
+    assert _run(call + show, _child_env()).split() == [both, "64", "64"]
+    assert _run(call + show, _child_env(ONEDNN_PRIMITIVE_CACHE_CAPACITY="8")).split() == [
+        "LRU_CACHE_CAPACITY",
+        "8",
+        "64",
+    ]
+    assert _run(call + show, _child_env(LRU_CACHE_CAPACITY="8")).split() == [
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+        "64",
+        "8",
+    ]
+    # after torch loaded, oneDNN has read its variable already; ideep reads its own at first use
+    assert _run("import torch; " + call + show, _child_env()).split() == ["LRU_CACHE_CAPACITY", "None", "64"]
 
 
 def test_the_lightning_rl_command_bounds_the_kernel_cache_before_its_commands_import_torch() -> None:
     script = (
         "import os, sys\n"
         "from lightning_rl.cli import main\n"
+        "from lightning_rl.memory import KERNEL_CACHE_VARIABLES\n"
         "try:\n"
         "    main(['--version'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print('torch' in sys.modules, os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))\n"
+        "print('torch' in sys.modules, *(os.environ.get(v) for v in KERNEL_CACHE_VARIABLES))\n"
     )
-    assert _run(script, _child_env()).splitlines()[-1].split() == ["False", "64"]  # after --version's line
+    assert _run(script, _child_env()).splitlines()[-1].split() == ["False", "64", "64"]  # after --version's line
+
+
+def test_memory_breakdown_puts_a_malloc_block_and_a_direct_map_in_different_kinds() -> None:
+    from lightning_rl.memory import memory_breakdown
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    before = memory_breakdown()
+    if not before:
+        pytest.skip("no mallinfo2 (glibc < 2.33) or no /proc")
+    assert set(before) == {"resident", "resident_file", "malloc_in_use", "malloc_free", "other_anonymous"}
+    assert before["resident_file"] < before["resident"]
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    size = 200_000_000  # above any mmap threshold: one mapped block malloc counts as in use
+    block = libc.malloc(size)
+    try:
+        libc.memset(block, 1, size)  # touched: resident
+        held = memory_breakdown()
+    finally:
+        libc.free(block)
+    # 0.2 GB, less what other threads of this process freed meanwhile: nothing else runs here
+    assert held["malloc_in_use"] - before["malloc_in_use"] == pytest.approx(0.2, abs=0.02)
+    assert held["resident"] - before["resident"] == pytest.approx(0.2, abs=0.02)
+    assert held["other_anonymous"] == pytest.approx(before["other_anonymous"], abs=0.02)
+    import mmap
+
+    # private anonymous memory malloc knows nothing of (a plain ``mmap(-1, n)`` is shared: RssShmem)
+    direct = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        for i in range(0, size, mmap.PAGESIZE):
+            direct[i] = 1
+        mapped = memory_breakdown()
+    finally:
+        direct.close()
+    assert mapped["other_anonymous"] - before["other_anonymous"] == pytest.approx(0.2, abs=0.02)
+    assert mapped["malloc_in_use"] == pytest.approx(before["malloc_in_use"], abs=0.02)

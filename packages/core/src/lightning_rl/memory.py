@@ -29,15 +29,26 @@ later report as the process's max RSS, so the process's peak is the largest ``me
 (``other`` holds what ran outside the phases: for the first, everything before the trainer), not its exit rusage.
 
 :func:`bound_kernel_cache` bounds the memory of torch's CPU kernels themselves. In bfloat16 torch
-runs matmuls through oneDNN, which builds a primitive, with its own JIT-compiled
-code, for every distinct shape, and keeps up to 1,024 of them. A run's shapes keep changing (every
-prefill and micro-batch has its own rows x tokens). ``benchmarks/kernel_cache.py`` measures it: on
-a 2-core AMD EPYC, a bfloat16 ``Linear(576, 1536)`` fed 600 inputs of random row counts kept 0.37 GB
-more memory in use by default and 0.19 GB with the cache at 64 primitives, at the same speed, and
-nothing in float32 (no per-shape state on that path). On the SmolLM2 demo the cap lowered the floor
-between steps by about 0.25 GB at first, less later (docs/models.md). The capacity is read once, when torch loads
-(``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), so only a process that has not imported torch yet can set
-it: the ``lightning-rl`` command does, and a script can set the variable itself.
+runs matmuls through oneDNN, and two caches keep state for every distinct shape, up to 1,024 shapes
+each: oneDNN's primitive cache (a primitive with its own JIT-compiled code) and ideep's cache of
+matmul setups in front of it. A run's shapes keep changing (every prefill and micro-batch has its
+own rows x tokens), so a bfloat16 run's memory in use grew step after step until both were full.
+``benchmarks/kernel_cache.py`` measures it: on a 2-core AMD EPYC, a bfloat16 ``Linear(576, 1536)``
+fed 300 distinct row counts kept ~0.38 MB per shape with both caches at their default and ~0.02 MB
+with both at 8, at the same speed; float32 keeps nothing (no per-shape state on that path). On the
+SmolLM2 demo, per step, the memory in use between steps grew by ~0.09 GB by default and by
+~0.03 GB with both caches at 64 (docs/models.md). oneDNN reads its capacity
+(``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) once, when torch loads; ideep reads its own
+(``LRU_CACHE_CAPACITY``) at the first bfloat16 matmul. So the ``lightning-rl`` command bounds both
+before any command imports torch, the trainer bounds ideep's when ``fit`` starts (in time unless a
+bfloat16 matmul already ran), and a script can set the variables itself.
+
+:func:`memory_breakdown` says what the resident memory between steps is made of, so that a floor
+that rises step after step can be pinned on a kind of memory before anyone guesses at its cause:
+blocks malloc has handed out and not had back (live tensors, oneDNN's primitives, anything that
+calls ``malloc``), free blocks malloc still holds, and the anonymous memory malloc knows nothing of
+(Python's own object arenas, JIT-compiled code, other ``mmap`` calls). The trainer logs it after each
+step's trim (``mem/step_end/*_gb``).
 """
 
 from __future__ import annotations
@@ -50,7 +61,15 @@ import sys
 from functools import cache
 from typing import Any
 
-__all__ = ["release_free_memory", "map_large_blocks", "bound_kernel_cache", "PeakMemory", "KERNEL_CACHE_PRIMITIVES"]
+__all__ = [
+    "release_free_memory",
+    "map_large_blocks",
+    "bound_kernel_cache",
+    "memory_breakdown",
+    "PeakMemory",
+    "KERNEL_CACHE_PRIMITIVES",
+    "KERNEL_CACHE_VARIABLES",
+]
 
 
 @cache
@@ -100,17 +119,83 @@ def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
 
 
 KERNEL_CACHE_PRIMITIVES = 64
-"""oneDNN primitives kept per process (``bound_kernel_cache``); its default is 1,024."""
+"""Shapes each of torch's CPU kernel caches keeps (``bound_kernel_cache``); their default is 1,024.
+A bfloat16 decode step needs ~7 (one per weight shape), a micro-batch's backward ~7 more."""
+
+KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+"""oneDNN's primitive cache (read when torch loads) and ideep's matmul cache (read at first use)."""
 
 
-def bound_kernel_cache(primitives: int = KERNEL_CACHE_PRIMITIVES) -> bool:
-    """Cap oneDNN's primitive cache at ``primitives`` (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) unless the
-    environment already sets it; True when this call set it. It must run before ``import torch``
-    (oneDNN reads the variable once, when torch loads), so it does nothing once torch is imported."""
-    if "torch" in sys.modules or "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ:
-        return False
-    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(primitives)
-    return True
+def bound_kernel_cache(primitives: int = KERNEL_CACHE_PRIMITIVES) -> list[str]:
+    """Cap torch's CPU kernel caches at ``primitives`` shapes each, leaving any variable the
+    environment already sets; returns the variables this call set. oneDNN's is set only while
+    torch is not imported yet (it reads the variable once, when torch loads); ideep's at any time
+    (it reads it at the first bfloat16 matmul, and setting it later does nothing)."""
+    chosen: list[str] = []
+    for name in KERNEL_CACHE_VARIABLES:
+        if name in os.environ or (name == "ONEDNN_PRIMITIVE_CACHE_CAPACITY" and "torch" in sys.modules):
+            continue
+        os.environ[name] = str(primitives)
+        chosen.append(name)
+    return chosen
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (2.33+): every field a ``size_t``, summed over all arenas."""
+
+    _fields_ = [  # noqa: RUF012 - ctypes reads this class attribute
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def memory_breakdown() -> dict[str, float]:
+    """This process's memory in GB, by kind; an empty dict where Linux's ``/proc`` or glibc's
+    ``mallinfo2`` is missing.
+
+    - ``resident``: the resident set (``VmRSS``); ``resident_file``: the part that is mapped files
+      (the shared libraries' code, mostly), which no allocation can grow.
+    - ``malloc_in_use``: blocks malloc handed out and has not had back, arena and mapped ones.
+    - ``malloc_free``: free blocks malloc holds (resident or not: a trim returns whole pages only).
+    - ``other_anonymous``: anonymous resident memory minus ``malloc_in_use``, floored at zero:
+      Python's object arenas, JIT-compiled code, and other direct ``mmap`` users.
+    """
+    libc = _glibc()
+    status = _proc_status_kb()
+    if libc is None or getattr(libc, "mallinfo2", None) is None or not status:
+        return {}
+    libc.mallinfo2.restype = _MallInfo2
+    info: _MallInfo2 = libc.mallinfo2()
+    in_use = (int(info.uordblks) + int(info.hblkhd)) / 1e9
+    anonymous = status.get("RssAnon", 0) / 1e6
+    return {
+        "resident": status.get("VmRSS", 0) / 1e6,
+        "resident_file": status.get("RssFile", 0) / 1e6,
+        "malloc_in_use": in_use,
+        "malloc_free": int(info.fordblks) / 1e9,
+        "other_anonymous": max(anonymous - in_use, 0.0),
+    }
+
+
+def _proc_status_kb() -> dict[str, int]:
+    """The ``kB`` fields of ``/proc/self/status``; empty off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    return {name: int(kb) for name, kb in re.findall(r"^(\w+):\s+(\d+) kB$", text, flags=re.MULTILINE)}
 
 
 class PeakMemory:
@@ -147,9 +232,5 @@ def _reset_peak() -> bool:
 
 
 def _read_peak_gb() -> float | None:
-    try:
-        with open("/proc/self/status") as f:
-            found = re.search(r"VmHWM:\s+(\d+) kB", f.read())
-    except OSError:
-        return None
-    return int(found.group(1)) / 1e6 if found else None
+    peak = _proc_status_kb().get("VmHWM")
+    return peak / 1e6 if peak is not None else None

@@ -33,7 +33,7 @@ from lightning_rl.agent import AgentFn
 from lightning_rl.algorithms.base import TrainResult
 from lightning_rl.capture import retokenize_samples
 from lightning_rl.credit import RolloutSample
-from lightning_rl.memory import PeakMemory, map_large_blocks, release_free_memory
+from lightning_rl.memory import PeakMemory, bound_kernel_cache, map_large_blocks, memory_breakdown, release_free_memory
 from lightning_rl.plugins.base import declared_trainable
 from lightning_rl.rewards import GroupJudge, judge_samples
 from lightning_rl.roles import RoleSelector, RoleSpec
@@ -168,6 +168,7 @@ class Trainer:
         if not train_tasks:
             raise ValueError("fit() needs at least one training task.")
         map_large_blocks()  # KV caches and logits come and go every step: mapped, never fragmenting arenas
+        bound_kernel_cache()  # bfloat16 matmuls keep state per shape, and every step brings new shapes
         self.run_dir.mkdir(parents=True, exist_ok=True)
         public = json.loads(json.dumps(asdict(cfg), default=str))
         if cfg.judge is not None and cfg.judge.api_key:
@@ -334,6 +335,7 @@ class Trainer:
         version = await svc.backend.publish()
         memory.phase("publish")
         release_free_memory()  # the step's freed KV caches, spans and weight copies (lightning_rl.memory)
+        floor = memory_breakdown()  # what the memory left between steps is made of
         rewards = collected.rewards
         own = [r for r in rewards if not math.isnan(r)]  # the agent's own rewards (a judge's are train/judge_*)
         return {
@@ -357,6 +359,7 @@ class Trainer:
             "model_version": float(version),
             **update,
             **memory.metrics(),
+            **{f"mem/step_end/{kind}_gb": gb for kind, gb in floor.items()},
         }
 
     async def _validate(
