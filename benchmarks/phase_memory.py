@@ -6,7 +6,12 @@ lowest phase of a step, so it shows the floor a step starts from) and ``validati
 peak hides whether memory creeps up from step to step or one phase jumps; this prints, for each
 run given as ``label=run_dir``, one row per phase and one column per step.
 
+A "phase" ``step_end/<kind>`` prints instead what the memory left after the step's trim was made
+of (``mem/step_end/<kind>_gb``, ``lightning_rl.memory.memory_breakdown``): ``malloc_in_use`` for
+memory malloc handed out and has not had back, ``other_anonymous``, ``malloc_free``, ``resident``.
+
     uv run python benchmarks/phase_memory.py default=<out>/seed0 capped=<out2>/seed0 [--phases rollouts,update]
+    uv run python benchmarks/phase_memory.py a=<run> --phases publish,step_end/malloc_in_use
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ __all__ = ["main", "phase_peaks"]
 
 
 def phase_peaks(metrics: Path, phase: str) -> dict[int, float]:
-    """``{step: peak GB}`` of ``phase`` in a run's metrics.jsonl (the largest, if a step logged it twice)."""
-    key = f"mem/{phase}_peak_gb"
+    """``{step: peak GB}`` of ``phase`` in a run's metrics.jsonl (the largest, if a step logged it
+    twice); for ``step_end/<kind>``, that kind's GB at the step's end."""
+    key = f"mem/{phase}_gb" if phase.startswith("step_end/") else f"mem/{phase}_peak_gb"
     peaks: dict[int, float] = {}
     for line in metrics.read_text().splitlines():
         record = json.loads(line)
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     table = {(label, phase): phase_peaks(metrics, phase) for label, metrics in runs for phase in args.phases.split(",")}
     steps = sorted({step for peaks in table.values() for step in peaks})
     print(generated_line("phase_memory.py", argv, "read from the runs' metrics.jsonl"))
-    print("\nPeak resident memory (GB) of each phase, per step\n")
+    print("\nPeak resident memory (GB) of each phase (step_end/*: the memory a step left, by kind), per step\n")
     print("| run | phase | " + " | ".join(f"step {s}" for s in steps) + " |")
     print("|---|---|" + "---:|" * len(steps))
     for (label, phase), peaks in table.items():

@@ -22,19 +22,25 @@ def test_phase_memory_prints_a_row_per_run_and_phase(tmp_path: Path, capsys: pyt
         tmp_path / "a",
         [
             {"step": 0.0, "mem/validation_peak_gb": 2.5},
-            {"step": 1.0, "mem/rollouts_peak_gb": 2.2, "mem/publish_peak_gb": 1.7},
+            {
+                "step": 1.0,
+                "mem/rollouts_peak_gb": 2.2,
+                "mem/publish_peak_gb": 1.7,
+                "mem/step_end/malloc_in_use_gb": 0.9,
+            },
             {"step": 2.0, "mem/rollouts_peak_gb": 2.4, "mem/publish_peak_gb": 1.8},
             {"step": 2.0, "mem/rollouts_peak_gb": 2.6},  # logged twice in a step: the larger is its peak
         ],
     )
     b = _run(tmp_path / "b", [{"step": 1.0, "mem/rollouts_peak_gb": 3.1}])
-    bench.main([f"before={a}", f"after={b}", "--phases", "publish,rollouts"])
+    bench.main([f"before={a}", f"after={b}", "--phases", "publish,rollouts,step_end/malloc_in_use"])
     out = capsys.readouterr().out
     assert out.startswith("Generated ")
     assert "| run | phase | step 1 | step 2 |" in out
     assert "| before | publish | 1.70 | 1.80 |" in out
     assert "| before | rollouts | 2.20 | 2.60 |" in out
     assert "| after | rollouts | 3.10 |  |" in out
+    assert "| before | step_end/malloc_in_use | 0.90 |  |" in out  # what a step left, by kind
 
 
 def test_phase_memory_says_which_folder_has_no_metrics(tmp_path: Path) -> None:

@@ -34,8 +34,9 @@ each: oneDNN's primitive cache (a primitive with its own JIT-compiled code) and 
 matmul setups in front of it. A run's shapes keep changing (every prefill and micro-batch has its
 own rows x tokens), so a bfloat16 run's memory in use grew step after step until both were full.
 ``benchmarks/kernel_cache.py`` measures it: on a 2-core AMD EPYC, a bfloat16 ``Linear(576, 1536)``
-fed 300 distinct row counts kept ~0.38 MB per shape with both caches at their default and ~0.02 MB
-with both at 8, at the same speed; float32 keeps nothing (no per-shape state on that path). On the
+fed 600 random row counts kept 0.37 GB more in use with both caches at their default, 0.04 GB with
+both at 64 and none at 8, at the same speed; float32 keeps nothing (no per-shape state on that path).
+A cache smaller than the shapes one layer uses would rebuild kernels in every layer; 64 leaves room. On the
 SmolLM2 demo, per step, the memory in use between steps grew by ~0.09 GB by default and by
 ~0.03 GB with both caches at 64 (docs/models.md). oneDNN reads its capacity
 (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) once, when torch loads; ideep reads its own
@@ -120,7 +121,7 @@ def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
 
 KERNEL_CACHE_PRIMITIVES = 64
 """Shapes each of torch's CPU kernel caches keeps (``bound_kernel_cache``); their default is 1,024.
-A bfloat16 decode step needs ~7 (one per weight shape), a micro-batch's backward ~7 more."""
+A decode step's layer uses ~7 (one per weight shape), an update's forward and backward more."""
 
 KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 """oneDNN's primitive cache (read when torch loads) and ideep's matmul cache (read at first use)."""
