@@ -36,9 +36,9 @@ own rows x tokens), so a bfloat16 run's memory in use grew step after step until
 ``benchmarks/kernel_cache.py`` measures it: on a 2-core AMD EPYC, a bfloat16 ``Linear(576, 1536)``
 fed 600 random row counts kept 0.37 GB more in use with both caches at their default, 0.04 GB with
 both at 64 and none at 8, at the same speed; float32 keeps nothing (no per-shape state on that path).
-A cache smaller than the shapes one layer uses would rebuild kernels in every layer; 64 leaves room. On the
-SmolLM2 demo, per step, the memory in use between steps grew by ~0.09 GB by default and by
-~0.03 GB with both caches at 64 (docs/models.md). oneDNN reads its capacity
+A cache smaller than the shapes one layer uses would rebuild kernels in every layer; 64 leaves
+room. On the SmolLM2 demo, per step, the memory in use between steps grew by ~0.08 GB by default and by
+~0.035 GB with both caches at 64 (docs/models.md). oneDNN reads its capacity
 (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) once, when torch loads; ideep reads its own
 (``LRU_CACHE_CAPACITY``) at the first bfloat16 matmul. So the ``lightning-rl`` command bounds both
 before any command imports torch, the trainer bounds ideep's when ``fit`` starts (in time unless a
@@ -48,7 +48,7 @@ bfloat16 matmul already ran), and a script can set the variables itself.
 that rises step after step can be pinned on a kind of memory before anyone guesses at its cause:
 blocks malloc has handed out and not had back (live tensors, oneDNN's primitives, anything that
 calls ``malloc``), free blocks malloc still holds, and the anonymous memory malloc knows nothing of
-(Python's own object arenas, JIT-compiled code, other ``mmap`` calls). The trainer logs it after each
+(Python's own object arenas, and anything else that maps memory itself). The trainer logs it after each
 step's trim (``mem/step_end/*_gb``).
 """
 
@@ -170,7 +170,7 @@ def memory_breakdown() -> dict[str, float]:
     - ``malloc_in_use``: blocks malloc handed out and has not had back, arena and mapped ones.
     - ``malloc_free``: free blocks malloc holds (resident or not: a trim returns whole pages only).
     - ``other_anonymous``: anonymous resident memory minus ``malloc_in_use``, floored at zero:
-      Python's object arenas, JIT-compiled code, and other direct ``mmap`` users.
+      Python's object arenas, and anything else that maps memory itself.
     """
     libc = _glibc()
     status = _proc_status_kb()
