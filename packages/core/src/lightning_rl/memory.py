@@ -121,7 +121,7 @@ def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
 
 KERNEL_CACHE_PRIMITIVES = 64
 """Shapes each of torch's CPU kernel caches keeps (``bound_kernel_cache``); their default is 1,024.
-A decode step's layer uses ~7 (one per weight shape), an update's forward and backward more."""
+A decode step's layer uses a few (one per distinct weight shape), an update's backward more."""
 
 KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 """oneDNN's primitive cache (read when torch loads) and ideep's matmul cache (read at first use)."""
