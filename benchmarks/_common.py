@@ -12,7 +12,9 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "git_commit",
@@ -23,6 +25,7 @@ __all__ = [
     "RssSampler",
     "rss_gb",
     "logged_peak_gb",
+    "phase_peaks_gb",
     "paste_block",
 ]
 
@@ -108,18 +111,23 @@ def rss_gb() -> float:
     return float("nan")
 
 
+def phase_peaks_gb(rows: Sequence[dict[str, Any]]) -> list[float]:
+    """Every ``mem/<phase>_peak_gb`` value in a run's metrics rows (not ``mem/step_end/*``, which is
+    what a step left, not a peak)."""
+    return [
+        float(v)
+        for r in rows
+        for k, v in r.items()
+        if k.startswith("mem/") and k.endswith("_peak_gb") and isinstance(v, int | float) and not isinstance(v, bool)
+    ]
+
+
 def logged_peak_gb(metrics: Path) -> float:
     """The largest ``mem/<phase>_peak_gb`` a run logged (0.0 if none): the process's peak resident
     memory. Not its exit rusage: the trainer resets the kernel's high-water mark at every phase
     (``lightning_rl.memory.PeakMemory``), so ``wait4``'s max RSS is only the last window's."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    values = [
-        float(v)
-        for r in rows
-        for k, v in r.items()
-        if k.startswith("mem/") and k.endswith("_peak_gb") and isinstance(v, int | float)
-    ]
-    return max(values, default=0.0)
+    return max(phase_peaks_gb(rows), default=0.0)
 
 
 class RssSampler:

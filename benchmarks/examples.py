@@ -68,7 +68,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import cpu_name, git_commit, parse_seeds
+from _common import cpu_name, git_commit, parse_seeds, phase_peaks_gb
 
 __all__ = [
     "EXAMPLES",
@@ -455,13 +455,7 @@ def render_example(example: str, runs: Sequence[Run], header: dict[str, Any], im
 
 def peak_memory_gb(rows: Sequence[dict[str, Any]]) -> float | None:
     """The process's peak resident memory over the run: the largest ``mem/<phase>_peak_gb`` it logged."""
-    values = [
-        v
-        for r in rows
-        for k, raw in r.items()
-        if k.startswith("mem/") and k.endswith("_peak_gb")
-        if (v := _num(raw)) is not None
-    ]
+    values = [v for v in phase_peaks_gb(rows) if math.isfinite(v)]
     return max(values) if values else None
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_rl.memory import release_free_memory
+from lightning_rl.memory import KERNEL_CACHE_VARIABLES, release_free_memory
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim is Linux-only")
 
@@ -125,7 +125,7 @@ def test_large_blocks_are_mapped_so_that_freeing_one_returns_it_at_once() -> Non
 
 
 def _child_env(**set_: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_CACHE_VARIABLES}
     return {**env, **set_}
 
 

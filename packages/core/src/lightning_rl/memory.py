@@ -86,6 +86,8 @@ def _glibc() -> Any:
         return None
     libc.malloc_trim.argtypes = [ctypes.c_size_t]
     libc.malloc_trim.restype = ctypes.c_int
+    if getattr(libc, "mallinfo2", None) is not None:  # glibc 2.33+
+        libc.mallinfo2.restype = _MallInfo2
     return libc
 
 
@@ -176,7 +178,6 @@ def memory_breakdown() -> dict[str, float]:
     status = _proc_status_kb()
     if libc is None or getattr(libc, "mallinfo2", None) is None or not status:
         return {}
-    libc.mallinfo2.restype = _MallInfo2
     info: _MallInfo2 = libc.mallinfo2()
     in_use = (int(info.uordblks) + int(info.hblkhd)) / 1e9
     anonymous = status.get("RssAnon", 0) / 1e6
