@@ -117,3 +117,51 @@ def test_encode_chat_reuses_identical_requests(engine: TransformersEngine) -> No
         del engine.tokenizer.apply_chat_template
     assert again == first[:-1]
     assert len(calls) == 1 and other != again  # only the new request was rendered
+
+
+async def test_the_shared_prefix_is_held_once_and_serves_later_joins(tiny_path: Path) -> None:
+    """The running cache holds only what follows the shared prefix; a later turn that starts with it
+    runs only its own tokens; a prompt with another system prompt runs beside them on its own cache;
+    every completion stays exact."""
+    with TransformersEngine.from_pretrained(tiny_path, max_batch_size=8, batch_wait_s=2.0) as engine:
+        prompts = agent_prompts(engine)
+        shared = common_prefix_len(prompts[:3])
+        params = [SamplingParams(max_tokens=30, seed=i, temperature=1.0) for i in range(3)]
+        firsts = [engine.stream(p, s) for p, s in zip(prompts[:3], params, strict=True)]
+        heads = await asyncio.gather(*(anext(s) for s in firsts))
+        batch = engine._batch  # pyright: ignore[reportPrivateUsage]
+        held = batch._prefix  # pyright: ignore[reportPrivateUsage]
+        assert held is not None and held.length == shared and held.rows.tolist() == [True] * 3
+        # the cache's columns are the longest rest plus what was generated, not whole prompts
+        assert batch.length < max(len(p) for p in prompts[:3]) - shared + 30
+        saved = engine.stats().prefill_tokens_saved
+        other = engine.encode_chat([{"role": "user", "content": "No system prompt here: what is 2 plus 2?"}], TOOLS)
+        later = [prompts[4], other]  # a second turn on the held prefix, and a prompt off it
+        outs = await asyncio.gather(
+            *(engine.generate(p, SamplingParams(max_tokens=12, seed=7, temperature=1.0)) for p in later)
+        )
+        streamed = [[head, *[d async for d in stream]] for head, stream in zip(heads, firsts, strict=True)]
+        assert engine.stats().prefill_tokens_saved >= saved + shared  # the second turn skipped the prefix
+    completions = [
+        (ids, [t for d in deltas for t in d.token_ids], [x for d in deltas for x in d.logprobs])
+        for ids, deltas in zip(prompts[:3], streamed, strict=True)
+    ]
+    completions += [(ids, out.token_ids, out.logprobs) for ids, out in zip(later, outs, strict=True)]
+    for ids, tokens, logprobs in completions:
+        reference = reference_logprobs(engine, ids, tokens, 1.0, 1.0)
+        assert torch.allclose(torch.tensor(logprobs), reference, atol=1e-4, rtol=0)
+
+
+async def test_a_model_on_another_attention_gets_the_prefix_copied_per_row(tiny_path: Path) -> None:
+    """Only the engine's own attention reads a held prefix; on eager attention the prefix is still
+    computed once, then copied into each row, and completions stay exact."""
+    with TransformersEngine.from_pretrained(
+        tiny_path, max_batch_size=8, batch_wait_s=2.0, attn_implementation="eager"
+    ) as engine:
+        prompts = agent_prompts(engine)[:3]
+        params = [SamplingParams(max_tokens=10, seed=i, temperature=1.0) for i in range(3)]
+        outs = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params, strict=True)))
+        assert engine.stats().prefill_tokens_saved >= 2 * common_prefix_len(prompts)
+    for ids, out in zip(prompts, outs, strict=True):
+        reference = reference_logprobs(engine, ids, out.token_ids, 1.0, 1.0)
+        assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)

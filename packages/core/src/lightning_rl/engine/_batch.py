@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from lightning_rl.engine._attention import use_gqa_attention
+from lightning_rl.engine._attention import PrefixKV, use_gqa_attention
 from lightning_rl.engine._kvcache import ColumnBuffer, GrowingCache, release
 
 __all__ = ["KVBatch"]
@@ -46,9 +46,10 @@ class KVBatch:
         self._model = model
         self._pad_id = pad_id
         self._device = device
-        use_gqa_attention(model)
+        self._own_attention = use_gqa_attention(model)  # which can read a shared prefix (``PrefixKV``)
         self._cache: Any = None  # a GrowingCache, or the prefill's own cache when it cannot merge
         self._mask: ColumnBuffer | None = None  # [B, L] int64, 1 = real token
+        self._prefix: PrefixKV | None = None  # a prefix held once for the rows on it (``_prefix``)
 
     @property
     def size(self) -> int:
@@ -72,8 +73,18 @@ class KVBatch:
     def reset(self) -> None:
         self._cache = None
         self._mask = None
+        self._prefix = None
 
-    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> Any:
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        prefix: PrefixKV | None = None,
+    ) -> Any:
+        """One forward pass; with ``prefix`` (a ``PrefixKV``) its rows also attend over the shared prefix."""
+        extra = {} if prefix is None else {"shared_prefix": prefix}
         return self._model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -81,6 +92,7 @@ class KVBatch:
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **extra,
         )
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -97,9 +109,16 @@ class KVBatch:
         self._join(out.past_key_values, mask)
         return out.logits[:, -1, :]
 
-    def _join(self, cache: Any, mask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    def _join(
+        self, cache: Any, mask: torch.Tensor, rows: torch.Tensor | None = None, *, on_prefix: bool = False
+    ) -> None:
         """Add a prefill's rows (its cache and ``[n, L]`` mask; or its rows ``rows``, repeats allowed,
-        copied once into the running cache) after the running ones."""
+        copied once into the running cache) after the running ones; ``on_prefix``: their cache follows
+        the batch's shared prefix."""
+        if self._prefix is not None:
+            added = int(mask.shape[0] if rows is None else rows.shape[0])
+            flags = torch.full((added,), on_prefix, dtype=torch.bool, device=self._prefix.rows.device)
+            self._prefix.rows = torch.cat([self._prefix.rows, flags])
         plain = self._plain_layers(cache)
         if self._cache is None or self._mask is None:
             if plain:
@@ -123,7 +142,9 @@ class KVBatch:
         ids = torch.tensor(next_tokens, dtype=torch.long, device=self._device).unsqueeze(-1)
         mask = self._mask.append(ids.new_ones((self.size, 1)))
         positions = mask.sum(-1, keepdim=True) - 1
-        out = self._forward(ids, mask, positions, self._cache)
+        if self._prefix is not None:
+            positions = positions + self._prefix.offsets()
+        out = self._forward(ids, mask, positions, self._cache, self._prefix)
         self._cache = out.past_key_values
         return out.logits[:, -1, :]
 
@@ -136,6 +157,10 @@ class KVBatch:
         if len(rows) == self.size and list(rows) == list(range(self.size)):
             return
         index = torch.tensor(list(rows), dtype=torch.long, device=self._device)
+        if self._prefix is not None:
+            self._prefix.rows = self._prefix.rows.index_select(0, index)
+            if not bool(self._prefix.rows.any()):  # nobody left on it: its memory goes
+                self._prefix = None
         if not isinstance(self._cache, GrowingCache):
             self._cache.batch_select_indices(index)
             self._mask.keep(index)

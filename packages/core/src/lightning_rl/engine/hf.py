@@ -671,20 +671,23 @@ class TransformersEngine:
         return admitted
 
     def _prefill(self, admitted: list[Request]) -> None:
-        if self._adapters is None:
-            self._prefill_rows(admitted)
-            return
-        # one prefill per adapter: a prompt prefix shared across adapters has different keys and values
-        groups: dict[str | None, list[Request]] = {}
+        # one prefill per adapter (a prompt prefix shared across adapters has different keys and values)
+        # and per whether a prompt continues the prefix the batch holds (those run only their own tokens)
+        groups: dict[tuple[str | None, bool], list[Request]] = {}
         for request in admitted:
-            groups.setdefault(request.params.adapter, []).append(request)
-        for adapter, group in groups.items():
+            adapter = request.params.adapter if self._adapters is not None else None
+            held = self._batch.on_held_prefix(request.prompt_ids, adapter)
+            groups.setdefault((adapter, held), []).append(request)
+        for (adapter, _), group in groups.items():
+            if self._adapters is None:
+                self._prefill_rows(group, None)
+                continue
             with self._adapters.uniform(self._adapters.slot(adapter)):
-                self._prefill_rows(group)
+                self._prefill_rows(group, adapter)
 
-    def _prefill_rows(self, admitted: list[Request]) -> None:
+    def _prefill_rows(self, admitted: list[Request], adapter: str | None) -> None:
         try:
-            logits = self._batch.prefill([r.prompt_ids for r in admitted])
+            logits = self._batch.prefill([r.prompt_ids for r in admitted], key=adapter)
         except Exception as exc:  # e.g. out of memory: fail the newcomers, the running rows are untouched
             for request in admitted:
                 request.fail(exc)
