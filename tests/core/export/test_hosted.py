@@ -133,6 +133,14 @@ def test_a_timeout_cancels_the_job(store_path: Path) -> None:
         assert api.cancelled.is_set() and next(iter(api.jobs.values()))["status"] == "cancelled"
 
 
+def _interruptible() -> None:
+    """Run in the child before it starts the CLI: SIGINT back to its default action. A shell without
+    job control starts a command sent to the background (``cmd &``, as CI scripts and ``nohup`` do)
+    with SIGINT ignored; a child inherits that, and Python then leaves it ignored, so the CLI would
+    never see the Ctrl-C this test sends (the test hung for 60 s whenever pytest ran in the background)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_cancels_the_running_job(store_path: Path, tmp_path: Path) -> None:
     """The CLI in a child process gets SIGINT while the job runs: it cancels the job and exits 130."""
     with FakeFineTuningServer(outcome="hang") as api:
@@ -141,7 +149,8 @@ def test_ctrl_c_cancels_the_running_job(store_path: Path, tmp_path: Path) -> Non
         argv += ["--hosted", api.base_url, "--base-model", "gpt-test", "--poll-max", "2"]
         # the context manager closes the pipes whatever happens (a leaked pipe fails a later test
         # with a ResourceWarning when the garbage collector finds it)
-        with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        with subprocess.Popen(argv, env=env, preexec_fn=_interruptible, **pipes) as child:
             try:
                 assert api.running.wait(60), "the job never reached running"
                 child.send_signal(signal.SIGINT)
