@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import torch
 
-from lightning_rl.engine import SamplingParams
+from lightning_rl.engine import SamplingParams, _attention
 from lightning_rl.engine._prefix import common_prefix_len
 from lightning_rl.engine.hf import TransformersEngine
 
@@ -165,3 +166,32 @@ async def test_a_model_on_another_attention_gets_the_prefix_copied_per_row(tiny_
     for ids, out in zip(prompts, outs, strict=True):
         reference = reference_logprobs(engine, ids, out.token_ids, 1.0, 1.0)
         assert torch.allclose(torch.tensor(out.logprobs), reference, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [4_000_000, 500])
+def test_prefix_attention_equals_attention_over_the_concatenated_keys(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against SDPA over [prefix, own columns] with the mask spelled out: rows on and off the prefix,
+    padded columns and a padding query; in one chunk of rows and in many (``SCORE_CHUNK``)."""
+    monkeypatch.setattr(_attention, "SCORE_CHUNK", chunk)
+    generator = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, q, own, shared, dim = 5, 6, 2, 3, 7, 11, 8
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    query, key, value = rand(rows, heads, q, dim), rand(rows, kv_heads, own, dim), rand(rows, kv_heads, own, dim)
+    prefix_key, prefix_value = rand(1, kv_heads, shared, dim), rand(1, kv_heads, shared, dim)
+    on_prefix = torch.tensor([True, False, True, True, False])
+    mask = torch.ones((rows, 1, q, own), dtype=torch.bool).tril(own - q)  # causal over the last q columns
+    mask[1, :, :, :3] = False  # row 1: three padded columns
+    mask[2, :, 0, :] = False  # row 2: its first query is padding and sees none of its own columns
+    got = _attention.prefix_attention(query, key, value, prefix_key, prefix_value, on_prefix, mask, dim**-0.5)
+    full_mask = torch.cat([on_prefix.view(rows, 1, 1, 1).expand(rows, 1, q, shared), mask], dim=-1)
+    full_key = torch.cat([prefix_key.expand(rows, -1, -1, -1), key], dim=2)
+    full_value = torch.cat([prefix_value.expand(rows, -1, -1, -1), value], dim=2)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        query, full_key, full_value, attn_mask=full_mask, scale=dim**-0.5, enable_gqa=True
+    ).transpose(1, 2)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

@@ -33,7 +33,14 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-__all__ = ["ATTENTION", "PrefixKV", "gqa_sdpa_attention_forward", "prefix_attention", "use_gqa_attention"]
+__all__ = [
+    "ATTENTION",
+    "SCORE_CHUNK",
+    "PrefixKV",
+    "gqa_sdpa_attention_forward",
+    "prefix_attention",
+    "use_gqa_attention",
+]
 
 ATTENTION = "lightning_gqa_sdpa"
 """The name this attention function is registered under in transformers."""
@@ -64,6 +71,12 @@ class PrefixKV:
         return (self.rows.long() * self.length).unsqueeze(-1)
 
 
+SCORE_CHUNK = 4_000_000
+"""Most attention scores ``prefix_attention`` materialises at once (16 MB in float32; each is held
+in a few temporaries): bounds a large prefill's transient memory, while a decode step (one query per
+row) stays a single chunk."""
+
+
 def prefix_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -80,7 +93,41 @@ def prefix_attention(
     for causal over the last ``q`` columns. Returns ``[B, q, H, d]``, as transformers' attention does.
 
     Scores are kept in float32 (as SDPA's CPU kernels accumulate); a query that sees nothing in one
-    part (a padding query, a row off the prefix) gets weight 0 there, not NaN."""
+    part (a padding query, a row off the prefix) gets weight 0 there, not NaN. The scores are
+    materialised, unlike SDPA's: a prefill of many rows runs in chunks of rows holding at most
+    ``SCORE_CHUNK`` scores each (a decode step is one chunk)."""
+    batch, heads, q, _ = query.shape
+    per_row = heads * q * (prefix_key.shape[2] + key.shape[2])
+    step = max(1, SCORE_CHUNK // per_row)
+    if batch > step:
+        parts = [
+            _prefix_attention(
+                query[i : i + step],
+                key[i : i + step],
+                value[i : i + step],
+                prefix_key,
+                prefix_value,
+                on_prefix[i : i + step],
+                None if attention_mask is None else attention_mask[i : i + step],
+                scale,
+            )
+            for i in range(0, batch, step)
+        ]
+        return torch.cat(parts)
+    return _prefix_attention(query, key, value, prefix_key, prefix_value, on_prefix, attention_mask, scale)
+
+
+def _prefix_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    prefix_key: torch.Tensor,
+    prefix_value: torch.Tensor,
+    on_prefix: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """``prefix_attention`` on one chunk of rows."""
     batch, heads, q, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
