@@ -97,37 +97,31 @@ def prefix_attention(
     materialised, unlike SDPA's: a prefill of many rows runs in chunks of rows holding at most
     ``SCORE_CHUNK`` scores each (a decode step is one chunk)."""
     batch, heads, q, _ = query.shape
-    per_row = heads * q * (prefix_key.shape[2] + key.shape[2])
-    step = max(1, SCORE_CHUNK // per_row)
-    if batch > step:
-        parts = [
-            _prefix_attention(
-                query[i : i + step],
-                key[i : i + step],
-                value[i : i + step],
-                prefix_key,
-                prefix_value,
-                on_prefix[i : i + step],
-                None if attention_mask is None else attention_mask[i : i + step],
-                scale,
-            )
-            for i in range(0, batch, step)
-        ]
-        return torch.cat(parts)
-    return _prefix_attention(query, key, value, prefix_key, prefix_value, on_prefix, attention_mask, scale)
+    step = max(1, SCORE_CHUNK // (heads * q * (prefix_key.shape[2] + key.shape[2])))
+    parts = [
+        _attend_chunk(
+            query[i : i + step],
+            (key[i : i + step], value[i : i + step]),
+            (prefix_key, prefix_value),
+            on_prefix[i : i + step],
+            None if attention_mask is None else attention_mask[i : i + step],
+            scale,
+        )
+        for i in range(0, batch, step)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _prefix_attention(
+def _attend_chunk(
     query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    prefix_key: torch.Tensor,
-    prefix_value: torch.Tensor,
+    own: tuple[torch.Tensor, torch.Tensor],
+    prefix: tuple[torch.Tensor, torch.Tensor],
     on_prefix: torch.Tensor,
     attention_mask: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    """``prefix_attention`` on one chunk of rows."""
+    """``prefix_attention`` on one chunk of rows: ``own`` and ``prefix`` are (keys, values)."""
+    (key, value), (prefix_key, prefix_value) = own, prefix
     batch, heads, q, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads

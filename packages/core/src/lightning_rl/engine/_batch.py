@@ -97,17 +97,21 @@ class KVBatch:
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Run ``prompts`` (appended as the last rows) and return their next-token logits ``[n, V]``."""
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
-        ids, mask = ids.to(self._device), mask.to(self._device)
+        ids, mask = self._left_padded(prompts)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self._forward(ids, mask, positions, DynamicCache(config=self._model.config))
         self._join(out.past_key_values, mask)
         return out.logits[:, -1, :]
+
+    def _left_padded(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token rows as left-padded ``[n, width]`` ids and their mask (1 = real token)."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+        return ids.to(self._device), mask.to(self._device)
 
     def _join(
         self, cache: Any, mask: torch.Tensor, rows: torch.Tensor | None = None, *, on_prefix: bool = False

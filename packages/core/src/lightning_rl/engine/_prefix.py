@@ -146,16 +146,6 @@ class SharedPrefixBatch(KVBatch):
         self.last_computed_tokens, self.last_saved_tokens = ran, total - ran
         return logits
 
-    def _left_padded(self, rests: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rests`` as left-padded ``[n, width]`` ids and their mask (1 = real token)."""
-        width = max(len(r) for r in rests)
-        ids = torch.full((len(rests), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rests), width), dtype=torch.long)
-        for row, rest in enumerate(rests):
-            ids[row, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
-            mask[row, width - len(rest) :] = 1
-        return ids.to(self._device), mask.to(self._device)
-
     def _run(self, prompts: list[list[int]], shared: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """Prefill ``prompts`` whose first ``shared`` tokens are equal: that prefix once, then the rest."""
         n = len(prompts)
