@@ -119,10 +119,11 @@ class KVBatch:
         """Add a prefill's rows (its cache and ``[n, L]`` mask; or its rows ``rows``, repeats allowed,
         copied once into the running cache) after the running ones; ``on_prefix``: their cache follows
         the batch's shared prefix."""
+        joined = None  # which rows sit on the held prefix, marked once the new ones have joined
         if self._prefix is not None:
             added = int(mask.shape[0] if rows is None else rows.shape[0])
             flags = torch.full((added,), on_prefix, dtype=torch.bool, device=self._prefix.rows.device)
-            self._prefix.rows = torch.cat([self._prefix.rows, flags])
+            joined = torch.cat([self._prefix.rows, flags])
         plain = self._plain_layers(cache)
         if self._cache is None or self._mask is None:
             if plain:
@@ -132,13 +133,17 @@ class KVBatch:
                     cache.batch_select_indices(rows)
                 self._cache = cache
             self._mask = ColumnBuffer(mask, 1, rows=rows)
-            return
-        if not (isinstance(self._cache, GrowingCache) and plain):
-            raise RuntimeError("cannot merge KV caches of this kind; the scheduler must wait for the batch to drain")
-        for layer, new in zip(self._cache.layers, cache.layers, strict=True):
-            layer.stack(new.keys, new.values, rows)
-            release(new)  # one layer at a time: the prefill's cache and the grown one never both whole
-        self._mask.stack(mask, rows)
+        else:
+            if not (isinstance(self._cache, GrowingCache) and plain):
+                raise RuntimeError(
+                    "cannot merge KV caches of this kind; the scheduler must wait for the batch to drain"
+                )
+            for layer, new in zip(self._cache.layers, cache.layers, strict=True):
+                layer.stack(new.keys, new.values, rows)
+                release(new)  # one layer at a time: the prefill's cache and the grown one never both whole
+            self._mask.stack(mask, rows)
+        if self._prefix is not None and joined is not None:
+            self._prefix.rows = joined
 
     def decode(self, next_tokens: Sequence[int]) -> torch.Tensor:
         """Feed one token per row and return the next-token logits ``[B, V]``."""

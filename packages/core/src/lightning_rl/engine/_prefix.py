@@ -91,7 +91,11 @@ class SharedPrefixBatch(KVBatch):
             return super().prefill(prompts)
         if shared > 0 and self._prefix is None and self._own_attention:  # hold it once, for these and later rows
             self._prefix = self._compute_prefix(unique[0][:shared], key)
-            return self._prefill_on_prefix(unique, rows, total, computed=computed)
+            try:
+                return self._prefill_on_prefix(unique, rows, total, computed=computed)
+            except BaseException:  # e.g. out of memory: the running rows stay as they were, without it
+                self._prefix = None
+                raise
         # the batch already holds another prefix: compute this one once, but give each row a copy
         cache, mask, logits = self._run(unique, shared)
         index = self._duplicates(rows, len(unique))
