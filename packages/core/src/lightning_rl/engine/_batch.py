@@ -4,7 +4,9 @@ Layout: row ``i`` of the cache holds ``L`` positions, of which the first ``L - n
 out by ``mask``) and the last ``n_i`` are its real tokens. Padding only ever sits on the left, so
 every row appends its next token at the same column and one forward pass serves the whole batch.
 Rotary positions come from the mask (``n_i`` real tokens so far), not from the column, so a row's
-numbers do not depend on how much padding it carries.
+numbers do not depend on how much padding it carries. A row on the batch's held prefix
+(``_prefix.SharedPrefixBatch``, ``PrefixKV``) caches only what follows that prefix, and its
+positions start after it.
 
 Continuous batching: new sequences are prefilled together in their own cache, which is then padded on
 the left to the running cache's length (or the other way round) and stacked along the batch axis.
