@@ -172,7 +172,8 @@ def memory_breakdown() -> dict[str, float]:
     - ``malloc_in_use``: blocks malloc handed out and has not had back, arena and mapped ones.
     - ``malloc_free``: free blocks malloc holds (resident or not: a trim returns whole pages only).
     - ``other_anonymous``: anonymous resident memory minus ``malloc_in_use``, floored at zero:
-      Python's object arenas, and anything else that maps memory itself.
+      Python's object arenas, anything else that maps memory itself, and malloc's free blocks that
+      are still resident (``mallinfo2`` cannot tell those from the ones already returned).
     """
     libc = _glibc()
     status = _proc_status_kb()
