@@ -132,6 +132,33 @@ async def test_an_old_sqlite_file_gets_the_new_column_and_deadlines(tmp_path: Pa
         await reopened.close()
 
 
+async def test_an_old_postgres_schema_gets_the_new_columns_and_deadlines(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    """The same upgrade on PostgreSQL, by two openers at once (the columns are added once, under a lock)."""
+    import psycopg
+    from psycopg import sql
+
+    from lightning_rl.store.postgres import PostgresStore
+
+    store = await PostgresStore.open(postgres_dsn, schema=postgres_schema)
+    await store.enqueue([RolloutRequest(id="r1", task=Task(input=1))])
+    (claim,) = await store.claim("w")
+    await store.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # the old schema, an old deadline-less attempt
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(postgres_schema)))
+        conn.execute("ALTER TABLE attempts DROP COLUMN timeout_s, DROP COLUMN gateway_key")
+        conn.execute("UPDATE attempts SET deadline = NULL")
+    first, second = await asyncio.gather(*(PostgresStore.open(postgres_dsn, schema=postgres_schema) for _ in "ab"))
+    try:
+        attempt = await second.get_attempt(claim.attempt.id)
+        assert attempt.deadline == pytest.approx(attempt.heartbeat_at + 60.0)
+        assert attempt.timeout_s is None and attempt.gateway_key is None
+    finally:
+        await first.close()
+        await second.close()
+
+
 # --------------------------------------------------------------------------------------------
 # 3. no 500s from the store server
 # --------------------------------------------------------------------------------------------

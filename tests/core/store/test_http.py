@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from lightning_rl.credentials import is_loopback
 from lightning_rl.errors import (
     IllegalTransitionError,
     InvalidRequestError,
@@ -338,7 +339,7 @@ def test_cli_reports_the_refusal_and_exits_2(
     ],
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
-    assert _cli.is_loopback(host) is loopback
+    assert is_loopback(host) is loopback
 
 
 async def test_server_expires_attempts_without_traffic() -> None:

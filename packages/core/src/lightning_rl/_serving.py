@@ -29,15 +29,21 @@ import contextlib
 import contextvars
 import importlib.util
 import os
+import signal
 import urllib.parse
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable, MutableMapping, Sequence
 from functools import partial
 from typing import Any, Protocol, cast
+
+from lightning_rl.credentials import bearer_matches
 
 __all__ = [
     "uvicorn_config",
     "wait_until_serving",
+    "serving",
+    "stop_on_signals",
+    "BearerAuth",
     "send_json",
     "content_length",
     "read_body",
@@ -91,11 +97,58 @@ async def wait_until_serving(server: Any, task: asyncio.Task[Any], host: str, wh
     return f"http://{display}:{bound[1]}"
 
 
+@contextlib.asynccontextmanager
+async def serving(config: Any, host: str, what: str) -> AsyncGenerator[tuple[str, Any, asyncio.Task[None]]]:
+    """Serve a ``uvicorn.Config`` in this event loop; yield its URL, the ``uvicorn.Server`` and the task
+    serving it. Signals are left to the host (a test, an app, or ``stop_on_signals``): uvicorn's own
+    handlers would take Ctrl-C from the process. On exit the server stops, requests in flight first."""
+    import uvicorn
+
+    server: Any = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # uvicorn >= 0.29
+    server.install_signal_handlers = lambda: None  # older uvicorn
+    task = asyncio.create_task(server.serve())
+    try:
+        yield await wait_until_serving(server, task, host, what), server, task
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def stop_on_signals(stop: Callable[[], object]) -> None:
+    """Call ``stop`` on SIGINT or SIGTERM (a command serving until stopped); a no-op where the loop
+    cannot take signal handlers (Windows, a thread other than the main one)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop)
+
+
 async def send_json(send: Any, status: int, body: bytes, extra_headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     """Answer an ASGI request with a JSON body of known length (not chunked: one socket write fewer)."""
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class BearerAuth:
+    """Pure ASGI middleware: 401 unless ``Authorization: Bearer <token>`` matches (the scheme in any
+    case, the token in constant time: ``credentials.bearer_matches``) on the paths ``guards`` picks
+    (all by default). ``refusal(sent)`` makes the 401's JSON body, told whether a token was sent."""
+
+    def __init__(
+        self, app: Any, token: str, refusal: Callable[[bool], bytes], guards: Callable[[str], bool] | None = None
+    ) -> None:
+        self.app, self._token, self._refusal, self._guards = app, token.encode(), refusal, guards
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (self._guards is None or self._guards(scope["path"])):
+            given = next((value for key, value in scope["headers"] if key == b"authorization"), b"")
+            if not bearer_matches(given, self._token):
+                await send_json(send, 401, self._refusal(bool(given)), [(b"www-authenticate", b"Bearer")])
+                return
+        await self.app(scope, receive, send)
 
 
 def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:

@@ -22,6 +22,7 @@ often quotes a request that carried one) before it is stored in ``rollout.error`
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import os
 import re
@@ -37,6 +38,8 @@ __all__ = [
     "read_token_file",
     "bearer_matches",
     "bearer_header_matches",
+    "is_loopback",
+    "refuse_exposed_without_token",
     "DEFAULT_SECRET_PATTERN",
     "REDACTED",
     "redact",
@@ -133,6 +136,26 @@ def bearer_header_matches(headers: Iterable[tuple[bytes, bytes]], token: bytes) 
         if key == b"authorization":
             return bearer_matches(value, token)
     return False
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname may resolve to a public address: treat it as exposed
+
+
+def refuse_exposed_without_token(host: str, token: str | None, server: str, risk: str, how: str) -> None:
+    """Servers bind 127.0.0.1 by default; any other address needs a token. ``PermissionError`` naming
+    ``risk`` (what anyone who reaches ``server`` could do) and ``how`` (how to pass a token) otherwise."""
+    if not is_loopback(host) and not token:
+        raise PermissionError(
+            f"refusing to serve {server} on {host} without a token: anyone who can reach it could {risk}. "
+            f"{how}, or bind 127.0.0.1."
+        )
 
 
 DEFAULT_SECRET_PATTERN = (

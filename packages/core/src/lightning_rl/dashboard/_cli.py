@@ -86,14 +86,11 @@ def _need(modules: tuple[str, ...], extra: str) -> None:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    from lightning_rl.store._cli import is_loopback
+    from lightning_rl.credentials import refuse_exposed_without_token
 
     token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
-    if not is_loopback(args.host) and not token:
-        raise PermissionError(
-            f"refusing to serve the dashboard on {args.host} without a token: anyone who can reach it could read "
-            f"your prompts and rollouts. Pass --token SECRET (or set {TOKEN_ENV}), or bind 127.0.0.1."
-        )
+    how = f"Pass --token SECRET (or set {TOKEN_ENV})"
+    refuse_exposed_without_token(args.host, token, "the dashboard", "read your prompts and rollouts", how)
     _need(("fastapi", "uvicorn"), "dashboard")
     from lightning_rl.dashboard.serve import serve_dashboard
 

@@ -10,10 +10,9 @@ opened with, so the URL the command prints is the whole login.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import math
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -23,6 +22,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from lightning_rl._serving import BearerAuth
 from lightning_rl.dashboard._settings import CreditSettings
 from lightning_rl.dashboard.index import RolloutFilter, RolloutIndex
 from lightning_rl.dashboard.views import rollout_detail
@@ -107,33 +107,10 @@ def read_metrics(path: Path, offset: int = 0) -> tuple[int, list[dict[str, float
     return offset + end, rows
 
 
-class _BearerAuth:
-    """401 on ``/api`` routes unless ``Authorization: Bearer <token>`` matches (constant time)."""
-
-    def __init__(self, app: Callable[..., Any], token: str) -> None:
-        self._app = app
-        self._expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and str(scope.get("path", "")).startswith("/api"):
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                body = json.dumps(
-                    {"detail": "missing or wrong token: open the URL that `lightning-rl dashboard` printed."}
-                ).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-        await self._app(scope, receive, send)
+def _refusal(_sent: bool) -> bytes:
+    return json.dumps(
+        {"detail": "missing or wrong token: open the URL that `lightning-rl dashboard` printed."}
+    ).encode()
 
 
 def create_dashboard_app(state: DashboardState, *, token: str | None = None, poll_s: float = 2.0) -> FastAPI:
@@ -211,5 +188,6 @@ def create_dashboard_app(state: DashboardState, *, token: str | None = None, pol
 
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")
     if token:
-        app.add_middleware(_BearerAuth, token=token)  # pyright: ignore[reportArgumentType]
+        # 401 on the API only: the page and its scripts load without a token, then send the one in the URL
+        app.add_middleware(BearerAuth, token=token, refusal=_refusal, guards=lambda path: path.startswith("/api"))
     return app

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
-from lightning_rl._serving import wait_until_serving
+from lightning_rl._serving import serving, stop_on_signals
 from lightning_rl.dashboard._settings import find_run_dir, load_credit_settings
 from lightning_rl.dashboard.app import DashboardState, create_dashboard_app
 from lightning_rl.store import open_store
@@ -53,17 +52,8 @@ async def running_dashboard(
         state = DashboardState(store=store, store_label=store_label(store_url), settings=settings, run_dir=run)
         app = create_dashboard_app(state, token=token, poll_s=poll_s)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
-        server = uvicorn.Server(config)
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        task = asyncio.create_task(server.serve())
-        try:
-            yield await wait_until_serving(
-                server, task, host, f"dashboard could not start on {host}:{port} (address in use?)"
-            )
-        finally:
-            server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        async with serving(config, host, f"dashboard could not start on {host}:{port} (address in use?)") as started:
+            yield started[0]
     finally:
         await store.close()
 
@@ -80,10 +70,7 @@ async def serve_dashboard(
 ) -> None:
     """Serve until SIGINT or SIGTERM (``lightning-rl dashboard``)."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):  # not on Windows / not main thread
-            loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop.set)
     async with running_dashboard(
         store_url, run_dir=run_dir, host=host, port=port, token=token, store_token=store_token
     ) as url:

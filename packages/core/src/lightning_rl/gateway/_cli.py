@@ -58,17 +58,14 @@ def register(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from lightning_rl.credentials import refuse_exposed_without_token
     from lightning_rl.extras import require_extra
-    from lightning_rl.store._cli import is_loopback
 
     # Before anything is imported: a missing extra is one line naming the pip command.
     require_extra("server", *(["train"] if args.model else []), feature="lightning-rl gateway serve")
     token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
-    if not is_loopback(args.host) and not token:
-        raise PermissionError(
-            f"refusing to serve the gateway on {args.host} without a token: anyone who can reach it could use the "
-            f"model and write spans into your rollouts. Pass --token SECRET (or set {TOKEN_ENV}), or bind 127.0.0.1."
-        )
+    risk = "use the model and write spans into your rollouts"
+    refuse_exposed_without_token(args.host, token, "the gateway", risk, f"Pass --token SECRET (or set {TOKEN_ENV})")
     from lightning_rl.gateway.server import run_server
 
     run_server(_run(args, token))

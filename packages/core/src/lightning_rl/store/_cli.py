@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import ipaddress
 import os
 import sys
 from typing import Any
 
-__all__ = ["register", "is_loopback", "TOKEN_ENV"]
+from lightning_rl.credentials import STORE_TOKEN_ENV as TOKEN_ENV
 
-TOKEN_ENV = "LIGHTNING_STORE_TOKEN"
-"""The store token's variable (``lightning_rl.credentials.STORE_TOKEN_ENV``; kept light to import)."""
+__all__ = ["register", "TOKEN_ENV"]
 
 
 def register(subparsers: Any) -> None:
@@ -64,66 +61,41 @@ def register(subparsers: Any) -> None:
     serve.set_defaults(handler=_serve)
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a hostname may resolve to a public address: treat it as exposed
-
-
 def _serve(args: argparse.Namespace) -> int:
-    from lightning_rl.credentials import resolve_token
+    from lightning_rl.credentials import refuse_exposed_without_token, resolve_token
+    from lightning_rl.extras import require_extra
 
     token = resolve_token(TOKEN_ENV, flag=args.token, flag_file=args.token_file)
-    if not is_loopback(args.host) and not token:
-        raise PermissionError(
-            f"refusing to serve the store on {args.host} without a token: anyone who can reach it could read and "
-            f"write your rollouts. Set {TOKEN_ENV} (or pass --token-file PATH), or bind 127.0.0.1."
-        )
+    how = f"Set {TOKEN_ENV} (or pass --token-file PATH)"
+    refuse_exposed_without_token(args.host, token, "the store", "read and write your rollouts", how)
     if args.backend == "postgres" and not args.dsn:
         raise ValueError("--backend postgres needs --dsn postgresql://user@host:port/database.")
-    missing = [
-        m for m in ("fastapi", "uvicorn", "google.protobuf") if importlib.util.find_spec(m.split(".")[0]) is None
-    ]
-    if missing:
-        raise ImportError(
-            f"the store server needs {', '.join(missing)}: install the server extra, pip install 'lightning-rl[server]'"
-        )
-    where = args.redis_url if args.backend == "redis" else args.dsn
-    schema = args.prefix if args.backend == "redis" else args.schema
-    asyncio.run(_run(args.backend, args.path, where, schema, args.host, args.port, token))
+    drivers = [args.backend] if args.backend in ("postgres", "redis") else []
+    require_extra("server", *drivers, feature="lightning-rl store serve")
+    asyncio.run(_run(args, token))
     return 0
 
 
-async def _run(
-    backend: str, path: str, dsn: str | None, schema: str | None, host: str, port: int, token: str | None
-) -> None:
+async def _run(args: argparse.Namespace, token: str | None) -> None:
     from lightning_rl.store import open_store
     from lightning_rl.store.base import LightningStore
     from lightning_rl.store.server import serve_store
 
     store: LightningStore
-    if backend == "postgres":
+    if args.backend == "postgres":
         from lightning_rl.store.postgres import PostgresStore
 
-        assert dsn is not None
-        store = await PostgresStore.open(dsn, schema=schema)
-        where = f"postgres (schema {schema or 'public'})"
-    elif backend == "redis":
+        store = await PostgresStore.open(args.dsn, schema=args.schema)
+        where = f"postgres (schema {args.schema or 'public'})"
+    elif args.backend == "redis":
         from lightning_rl.store.redis import DEFAULT_URL, RedisStore
 
-        redis = await RedisStore.open(dsn or DEFAULT_URL, prefix=schema)
-        store, where = (
-            redis,
-            f"redis (prefix {redis.prefix!r}, appendonly {redis.server_settings.get('appendonly', '?')})",
-        )
-    elif backend == "memory":
+        store = redis = await RedisStore.open(args.redis_url or DEFAULT_URL, prefix=args.prefix)
+        where = f"redis (prefix {redis.prefix!r}, appendonly {redis.server_settings.get('appendonly', '?')})"
+    elif args.backend == "memory":
         store, where = await open_store("memory://"), "memory (not durable)"
     else:
-        store, where = await open_store(f"sqlite:///{path}"), f"sqlite {os.path.abspath(path)}"
+        store, where = await open_store(f"sqlite:///{args.path}"), f"sqlite {os.path.abspath(args.path)}"
 
     def ready(url: str) -> None:
         # Tests and scripts read this line to learn the port when --port 0.
@@ -131,6 +103,6 @@ async def _run(
         print(f"lightning-rl store: OTLP/HTTP traces at {url}/v1/traces; Ctrl-C to stop", file=sys.stderr, flush=True)
 
     try:
-        await serve_store(store, host=host, port=port, token=token, on_ready=ready)
+        await serve_store(store, host=args.host, port=args.port, token=token, on_ready=ready)
     finally:
         await store.close()

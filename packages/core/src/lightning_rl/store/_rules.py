@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError
+from lightning_rl.errors import ConflictError, InvalidRequestError, NotFoundError, StoreUnavailableError
 from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, MAX_BATCH, MAX_PAGE
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
@@ -33,6 +33,8 @@ from lightning_rl.types import (
 
 __all__ = [
     "WAITING",
+    "LAYOUT_VERSION",
+    "check_layout",
     "attempt_outcome",
     "attempt_timeout",
     "attempt_deadline",
@@ -59,6 +61,8 @@ __all__ = [
 
 WAITING = (RolloutStatus.QUEUED, RolloutStatus.REQUEUED)
 """Statuses a claim takes rollouts from."""
+LAYOUT_VERSION = 1
+"""The layout of stored rows and keys this Lightning reads and writes; every backend keeps it beside the data."""
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -134,6 +138,15 @@ def expiry_reason(config: RolloutConfig, attempt: Attempt, now: float) -> tuple[
 # --------------------------------------------------------------------------------------------
 # Checks
 # --------------------------------------------------------------------------------------------
+
+
+def check_layout(found: object, where: str, instead: str) -> None:
+    """Refuse data that another Lightning version laid out (``found``: the version stored at ``where``)."""
+    if str(found) != str(LAYOUT_VERSION):
+        raise StoreUnavailableError(
+            f"{where} has layout version {found}, this Lightning expects {LAYOUT_VERSION}; "
+            f"use {instead} or the matching Lightning version."
+        )
 
 
 def check_batch(what: str, n: int) -> None:

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from lightning_rl.store import _rules as rules
 from lightning_rl.store._core import AttemptChange, RolloutChange, RolloutQuery, SpanQuery, StoreCore
 from lightning_rl.store._spanjson import dump_span
-from lightning_rl.store.base import now
+from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, now
 from lightning_rl.types import (
     TERMINAL_ROLLOUT,
     Attempt,
@@ -59,10 +59,6 @@ __all__ = [
     "POSTGRES",
     "expire_op",
     "ROLLOUT_COLUMNS",
-    "ATTEMPT_COLUMNS",
-    "SPAN_COLUMNS",
-    "WAITING_SQL",
-    "TERMINAL_SQL",
 ]
 
 T = TypeVar("T")
@@ -122,6 +118,8 @@ class Dialect:
     """The type of an auto-incremented primary key."""
     json_type: str = "JSON"
     """The type of a JSON column."""
+    add_column: str = "ADD COLUMN IF NOT EXISTS"
+    """How ``upgrade`` adds a column (SQLite has no ``IF NOT EXISTS`` there: it adds only missing ones)."""
 
 
 SQLITE = Dialect(
@@ -134,6 +132,7 @@ SQLITE = Dialect(
     returning="",
     serial="INTEGER PRIMARY KEY AUTOINCREMENT",  # AUTOINCREMENT: a pruned rollout's seq is never reused
     json_type="TEXT",
+    add_column="ADD COLUMN",
 )
 POSTGRES = Dialect(
     mark="%s",
@@ -174,8 +173,9 @@ CREATE INDEX IF NOT EXISTS spans_rollout ON spans (rollout_id, attempt_seq, seq)
 CREATE INDEX IF NOT EXISTS spans_attempt ON spans (attempt_id, seq);
 CREATE TABLE IF NOT EXISTS resources (version INTEGER PRIMARY KEY, data {json} NOT NULL);
 """
-"""The tables; ``ROLLOUT_COLUMNS`` and friends name their columns. Older files and schemas lack
-``timeout_s`` and ``gateway_key``: each backend adds them when it opens one (additive only)."""
+"""The tables; ``ROLLOUT_COLUMNS`` and friends name their columns (older ones lack some: ``upgrade``)."""
+_ADDED_COLUMNS = (("timeout_s", "DOUBLE PRECISION"), ("gateway_key", "TEXT"))
+"""Columns of ``attempts`` that tables an older Lightning created lack."""
 
 
 class Statements:
@@ -245,6 +245,14 @@ class Statements:
         ]
         self.counts = [f"SELECT status, COUNT(*) FROM {table} GROUP BY status" for table in ("rollouts", "attempts")]
         self.totals = "SELECT (SELECT COUNT(*) FROM spans), (SELECT COUNT(*) FROM resources)"
+
+    def upgrade(self, columns: set[str]) -> list[str]:
+        """What brings tables an older Lightning created up to date, given the ``attempts`` table's
+        ``columns``. Additive only, so older versions can still open them: the columns added since,
+        and a deadline for running attempts that had none."""
+        add = [f"ALTER TABLE attempts {self.d.add_column} {c} {t}" for c, t in _ADDED_COLUMNS if c not in columns]
+        deadline = f"heartbeat_at + {DEFAULT_HEARTBEAT_TIMEOUT_S!r}"
+        return [*add, f"UPDATE attempts SET deadline = {deadline} WHERE status = 'running' AND deadline IS NULL"]
 
     def sql(self, text: str) -> str:
         """``text`` (written with ``?`` marks) in this dialect."""

@@ -27,8 +27,9 @@ from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any, Final, LiteralString, TypeVar, cast
 
 from lightning_rl.errors import InvalidRequestError, StoreUnavailableError
+from lightning_rl.store import _rules as rules
 from lightning_rl.store import _sql as sq
-from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, now
+from lightning_rl.store.base import now
 
 try:
     import psycopg
@@ -43,7 +44,6 @@ __all__ = ["PostgresStore"]
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 
-SCHEMA_VERSION: Final = 1
 _RETRIES: Final = 8
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, pg_errors.LockNotAvailable)
 _LOCK_KEY: Final = 0x4C6967687452  # advisory lock serialising table creation ("LightR")
@@ -66,15 +66,6 @@ _SCHEMA: Final = _trusted(
     "CREATE TABLE IF NOT EXISTS lightning_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);" + _STATEMENTS.schema
 )
 
-_UPGRADE = _trusted(f"""
-ALTER TABLE attempts ADD COLUMN IF NOT EXISTS timeout_s DOUBLE PRECISION;
-ALTER TABLE attempts ADD COLUMN IF NOT EXISTS gateway_key TEXT;
-UPDATE attempts SET deadline = heartbeat_at + {DEFAULT_HEARTBEAT_TIMEOUT_S!r}
-    WHERE status = 'running' AND deadline IS NULL;
-""")
-"""Additive changes to a schema an older Lightning created (older versions can still use it): the
-attempt's ``timeout_s`` column, and a deadline for running attempts that had none."""
-
 
 class PostgresStore(sq.SqlStore):
     """A store in a PostgreSQL database (see the module docstring). Create it with ``await PostgresStore.open(dsn)``."""
@@ -88,9 +79,7 @@ class PostgresStore(sq.SqlStore):
         self._dsn = dsn
         self._schema = schema
         self._poll_s = poll_s
-        self._pool_size = pool_size
         self._idle: list[Conn] = []
-        self._opened = 0
         self._slots = asyncio.Semaphore(pool_size)
         self._closed = False
 
@@ -113,14 +102,20 @@ class PostgresStore(sq.SqlStore):
             if not (row and row[0]):  # first open of this schema: create it (once, even with many openers)
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
                 await conn.execute(_SCHEMA)  # several statements, no parameters: one round trip
-            await store._check_version(conn)
-            columns = await conn.execute(
-                "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
-                " AND table_name = 'attempts' AND column_name = 'gateway_key'"
+            await conn.execute(
+                "INSERT INTO lightning_meta (key, value) VALUES ('schema_version', %s) ON CONFLICT (key) DO NOTHING",
+                (str(rules.LAYOUT_VERSION),),
             )
-            if await columns.fetchone() is None:
+            row = await (await conn.execute("SELECT value FROM lightning_meta WHERE key = 'schema_version'")).fetchone()
+            rules.check_layout(row and row[0], f"PostgreSQL store schema {schema or 'public'}", "another schema")
+            columns = await conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+                " AND table_name = 'attempts'"
+            )
+            upgrade = _STATEMENTS.upgrade({name for (name,) in await columns.fetchall()})
+            if len(upgrade) > 1:  # columns to add: one opener at a time
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-                await conn.execute(_UPGRADE)
+            await conn.execute(_trusted(";".join(upgrade)))
         return store
 
     def __repr__(self) -> str:
@@ -198,19 +193,6 @@ class PostgresStore(sq.SqlStore):
 
     def _insert_span_rows(self, rows: list[tuple[Any, ...]]) -> sq.Request:
         return sq.Run(_INSERT_SPANS, [list(column) for column in zip(*rows, strict=True)], binary=True)
-
-    async def _check_version(self, c: Conn) -> None:
-        cur = await c.execute("SELECT value FROM lightning_meta WHERE key = 'schema_version'")
-        row = await cur.fetchone()
-        if row is None:
-            await c.execute(
-                "INSERT INTO lightning_meta (key, value) VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),)
-            )
-        elif row[0] != str(SCHEMA_VERSION):
-            raise StoreUnavailableError(
-                f"PostgreSQL store schema {self._schema or 'public'} has version {row[0]}, this Lightning "
-                f"expects {SCHEMA_VERSION}; use another schema or the matching Lightning version."
-            )
 
 
 async def _drive(c: Conn, op: Generator[sq.Request, Any, T], ended: list[bool]) -> T:

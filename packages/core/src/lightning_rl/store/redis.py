@@ -72,7 +72,6 @@ __all__ = ["RedisStore", "DEFAULT_URL", "DEFAULT_PREFIX"]
 
 DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_PREFIX: Final = "lightning:"
-SCHEMA_VERSION: Final = 1
 _RETRIES: Final = 200
 """Optimistic transactions started over this often before giving up (each conflict means another
 client changed the same rollout meanwhile, so someone makes progress every time)."""
@@ -320,13 +319,9 @@ class RedisStore(StoreCore):
         try:
             meta = store._k("meta")
             _, version = await store._read(
-                ("HSETNX", meta, "schema_version", str(SCHEMA_VERSION)), ("HGET", meta, "schema_version")
+                ("HSETNX", meta, "schema_version", str(rules.LAYOUT_VERSION)), ("HGET", meta, "schema_version")
             )
-            if version != str(SCHEMA_VERSION):
-                raise StoreUnavailableError(
-                    f"Redis store under prefix {chosen!r} has layout version {version}, this Lightning expects "
-                    f"{SCHEMA_VERSION}; use another prefix or the matching Lightning version."
-                )
+            rules.check_layout(version, f"Redis store under prefix {chosen!r}", "another prefix")
             await store._read_settings()
         except BaseException:
             await store.close()

@@ -24,12 +24,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
-from collections.abc import AsyncGenerator, Callable, Generator
-from functools import partial
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -37,12 +34,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lightning_rl._serving import read_body, send_json, uvicorn_config, wait_until_serving
-from lightning_rl.credentials import bearer_matches
+from lightning_rl._serving import BearerAuth, read_body, send_json, serving, stop_on_signals, uvicorn_config
 from lightning_rl.errors import LightningError, http_status
-from lightning_rl.store import otlp
 from lightning_rl.store.base import LightningStore
 from lightning_rl.store.client import ROUTES, Route
+from lightning_rl.tracing import otlp
 
 __all__ = [
     "create_store_app",
@@ -90,39 +86,24 @@ def _describe(exc: ValidationError) -> str:
     return "invalid request body: " + "; ".join(parts) + (f" (and {more} more errors)" if more > 0 else "")
 
 
-def _too_large(limit: int, field: str) -> _TooLarge:
-    return _TooLarge(f"request body is over the {limit}-byte limit; send `{field}` in smaller batches.")
-
-
 async def _read_body(scope: Scope, receive: Receive, limit: int, field: str) -> bytes:
     """The whole request body; ``_TooLarge`` past ``limit`` bytes (by ``Content-Length`` before reading)."""
-    raw = await read_body(receive, limit, partial(_too_large, limit, field), scope["headers"])
+
+    def too_large() -> _TooLarge:  # made only when it happens
+        return _TooLarge(f"request body is over the {limit}-byte limit; send `{field}` in smaller batches.")
+
+    raw = await read_body(receive, limit, too_large, scope["headers"])
     if raw is None:
         raise ConnectionResetError("client disconnected while sending the body")
     return raw
 
 
-class _BearerAuth:
-    """Pure ASGI middleware: 401 unless ``Authorization: Bearer <token>`` matches (the scheme in any
-    case, the token in constant time)."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self._token = token.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            given = next((value for key, value in scope["headers"] if key == b"authorization"), b"")
-            if not bearer_matches(given, self._token):
-                message = (
-                    "wrong bearer token; pass the server's --token to the client."
-                    if given
-                    else "missing bearer token: this store requires `Authorization: Bearer <token>` "
-                    "(StoreClient(url, token=...))."
-                )
-                await send_json(send, 401, error_body("UnauthorizedError", message), [(b"www-authenticate", b"Bearer")])
-                return
-        await self.app(scope, receive, send)
+def _refusal(sent: bool) -> bytes:
+    """The 401's body: what to do about a wrong or a missing token."""
+    if sent:
+        return error_body("UnauthorizedError", "wrong bearer token; pass the server's --token to the client.")
+    message = "missing bearer token: this store requires `Authorization: Bearer <token>` (StoreClient(url, token=...))."
+    return error_body("UnauthorizedError", message)
 
 
 class _Health:
@@ -317,7 +298,7 @@ def create_store_app(
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_middleware(_StoreRoutes, store=store, max_body_bytes=max_body_bytes, stopping=stopping)
     if token:
-        app.add_middleware(_BearerAuth, token=token)  # added last = outermost: guards every route
+        app.add_middleware(BearerAuth, token=token, refusal=_refusal)  # added last = outermost: guards every route
     return app
 
 
@@ -328,35 +309,6 @@ async def _expire_forever(store: LightningStore, interval_s: float) -> None:
             await store.expire()
         except Exception:  # keep serving; the next claim or query expires too
             logger.exception("store server: periodic expire() failed")
-
-
-class _QuietServer(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to its host (a test, an app, or ``serve_store``)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None]:
-        yield
-
-
-@contextlib.asynccontextmanager
-async def _started(
-    store: LightningStore, host: str, port: int, token: str | None, max_body_bytes: int, expire_interval_s: float
-) -> AsyncGenerator[tuple[str, _QuietServer, asyncio.Task[None], asyncio.Event]]:
-    """Serve ``store``; yield its URL, the server, the task serving it and the event that ends long polls."""
-    app = create_store_app(store, token, max_body_bytes=max_body_bytes, expire_interval_s=expire_interval_s)
-    stopping: asyncio.Event = app.state.stopping
-    server = _QuietServer(uvicorn_config(app, host, port, timeout_graceful_shutdown=5))
-    task = asyncio.create_task(server.serve())
-    try:
-        url = await wait_until_serving(
-            server, task, host, f"store server could not start on {host}:{port}; see the log above."
-        )
-        yield url, server, task, stopping
-    finally:
-        stopping.set()  # long polls in flight answer now rather than hold the shutdown up
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 @contextlib.asynccontextmanager
@@ -371,11 +323,17 @@ async def running_store_server(
 ) -> AsyncGenerator[str]:
     """Serve ``store`` with uvicorn in the current event loop; yield its base URL.
 
-    ``port=0`` picks a free port. On exit the server stops (in-flight requests finish first); the
-    store is left open for the caller to close. Signal handlers are left alone.
+    ``port=0`` picks a free port. On exit the server stops: long polls answer at once, other requests
+    in flight finish first; the store is left open for the caller to close. Signal handlers are left alone.
     """
-    async with _started(store, host, port, token, max_body_bytes, expire_interval_s) as started:
-        yield started[0]
+    app = create_store_app(store, token, max_body_bytes=max_body_bytes, expire_interval_s=expire_interval_s)
+    stopping: asyncio.Event = app.state.stopping
+    config = uvicorn_config(app, host, port, timeout_graceful_shutdown=5)
+    async with serving(config, host, f"store server could not start on {host}:{port}; see the log above.") as started:
+        try:
+            yield started[0]
+        finally:
+            stopping.set()  # long polls in flight answer now rather than hold the shutdown up
 
 
 async def serve_store(
@@ -387,16 +345,9 @@ async def serve_store(
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve ``store`` until SIGINT or SIGTERM, then stop gracefully (``lightning-rl store serve``)."""
-    async with _started(store, host, port, token, DEFAULT_MAX_BODY_BYTES, 1.0) as (url, server, task, stopping):
-        loop = asyncio.get_running_loop()
-
-        def stop() -> None:
-            stopping.set()
-            server.should_exit = True
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):  # not on Windows / not main thread
-                loop.add_signal_handler(sig, stop)
+    stop = asyncio.Event()
+    stop_on_signals(stop.set)
+    async with running_store_server(store, host=host, port=port, token=token) as url:
         if on_ready is not None:
             on_ready(url)
-        await asyncio.shield(task)
+        await stop.wait()

@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from lightning_rl.errors import StoreUnavailableError
+from lightning_rl.store import _rules as rules
 from lightning_rl.store import _sql as sq
-from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, now
+from lightning_rl.store.base import now
 
 __all__ = ["SQLiteStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
 _MAX_GROUP: Final = 256
 """Most operations committed together in one transaction."""
 _STATEMENTS: Final = sq.Statements(sq.SQLITE)
@@ -136,14 +136,11 @@ class SQLiteStore(sq.SqlStore):
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("BEGIN IMMEDIATE")
             (version,) = conn.execute("PRAGMA user_version").fetchone()
-            if version not in (0, SCHEMA_VERSION):
-                raise StoreUnavailableError(
-                    f"SQLite store {self._path!r} has schema version {version}, this Lightning expects "
-                    f"{SCHEMA_VERSION}; use a new file or the matching Lightning version."
-                )
+            rules.check_layout(version or rules.LAYOUT_VERSION, f"SQLite store {self._path!r}", "a new file")  # 0: new
             _run_script(conn, _STATEMENTS.schema)
-            _upgrade(conn)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(attempts)")}
+            _run_script(conn, ";".join(_STATEMENTS.upgrade(columns)))
+            conn.execute(f"PRAGMA user_version = {rules.LAYOUT_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -250,20 +247,6 @@ def _create_private(path: str) -> None:
     except OSError:
         return  # e.g. a missing folder: sqlite3.connect reports it with a clearer message
     os.close(fd)
-
-
-def _upgrade(conn: sqlite3.Connection) -> None:
-    """Bring a file written by an older Lightning up to date (additive only, so older versions can
-    still open it): the ``timeout_s`` column, and a deadline for running attempts that had none."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(attempts)")}
-    if "timeout_s" not in columns:
-        conn.execute("ALTER TABLE attempts ADD COLUMN timeout_s REAL")
-    if "gateway_key" not in columns:  # attempts opened before it have none: the gateway accepts them unkeyed
-        conn.execute("ALTER TABLE attempts ADD COLUMN gateway_key TEXT")
-    conn.execute(
-        "UPDATE attempts SET deadline = heartbeat_at + ? WHERE status = 'running' AND deadline IS NULL",
-        (DEFAULT_HEARTBEAT_TIMEOUT_S,),
-    )
 
 
 def _run_script(conn: sqlite3.Connection, script: str) -> None:

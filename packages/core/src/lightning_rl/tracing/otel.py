@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning_rl import semconv
-from lightning_rl.tracing._context import RolloutContext, SpanSink, current_rollout
+from lightning_rl.tracing._context import RolloutContext, SpanSink, attributed_ids, current_rollout
 from lightning_rl.tracing._tracer import clean_attributes
 from lightning_rl.types import Span, SpanEvent, SpanStatus
 
@@ -77,17 +77,6 @@ def span_from_otel(span: ReadableSpan, rollout_id: str, attempt_id: str) -> Span
         rollout_id=rollout_id,
         attempt_id=attempt_id,
     )
-
-
-def _attributed_ids(span: ReadableSpan) -> tuple[str, str] | None:
-    """Rollout and attempt ids carried by the span's own or its resource's attributes."""
-    for attrs in (span.attributes, span.resource.attributes):
-        if attrs is None:
-            continue
-        rollout_id, attempt_id = attrs.get(semconv.ROLLOUT_ID), attrs.get(semconv.ATTEMPT_ID)
-        if isinstance(rollout_id, str) and isinstance(attempt_id, str) and rollout_id and attempt_id:
-            return rollout_id, attempt_id
-    return None
 
 
 class LightningSpanProcessor(SpanProcessor):
@@ -154,7 +143,7 @@ class LightningSpanProcessor(SpanProcessor):
             owner.record(span_from_otel(span, owner.rollout_id, owner.attempt_id))
             self._exported += 1
             return
-        ids = _attributed_ids(span)
+        ids = attributed_ids(span.attributes, span.resource.attributes)
         if ids is not None and self._fallback_sink is not None:
             self._fallback_sink(span_from_otel(span, *ids))
             self._exported += 1

@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from lightning_rl import semconv
 from lightning_rl.errors import InvalidRequestError, NotFoundError
 from lightning_rl.store.base import MAX_BATCH, LightningStore
+from lightning_rl.tracing._context import attributed_ids
 from lightning_rl.types import Span, SpanEvent, SpanStatus
 
 __all__ = [
@@ -187,16 +188,16 @@ def convert_request(request: ExportTraceServiceRequest, result: IngestResult) ->
 
 def _convert_span(s: OtlpSpan, resource_attrs: dict[str, Any], result: IngestResult) -> Span | None:
     attrs = _attributes(s.attributes)
-    rollout_id = attrs.get(semconv.ROLLOUT_ID, resource_attrs.get(semconv.ROLLOUT_ID))
-    attempt_id = attrs.get(semconv.ATTEMPT_ID, resource_attrs.get(semconv.ATTEMPT_ID))
+    ids = attributed_ids(attrs, resource_attrs)
     label = f"span {s.span_id.hex() or '?'} ({s.name!r})"
-    if not (isinstance(rollout_id, str) and rollout_id and isinstance(attempt_id, str) and attempt_id):
+    if ids is None:
         result.reject(
             1,
             f"{label} has no {semconv.ROLLOUT_ID} / {semconv.ATTEMPT_ID} string attribute (span or resource); "
             "set both to route it to a rollout attempt",
         )
         return None
+    rollout_id, attempt_id = ids
     try:
         return Span(
             trace_id=s.trace_id.hex(),
