@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
 import subprocess
 import sys
@@ -208,3 +209,95 @@ def test_memory_breakdown_puts_a_malloc_block_and_a_direct_map_in_different_kind
     assert held["other_anonymous"] == pytest.approx(before["other_anonymous"], abs=0.02)
     assert mapped["other_anonymous"] - before["other_anonymous"] == pytest.approx(0.2, abs=0.02)
     assert mapped["malloc_in_use"] == pytest.approx(before["malloc_in_use"], abs=0.02)
+
+
+_GPU_PROBE = """
+import json, re
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+from lightning_rl.memory import _GPU_LIBRARY, drop_idle_gpu_libraries
+
+def gpu_rss_gb():
+    total, gpu = 0, False
+    for line in open("/proc/self/smaps"):
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            gpu = _GPU_LIBRARY.search(line) is not None
+        elif gpu and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total / 1e6
+
+model = AutoModelForCausalLM.from_config(LlamaConfig(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=1000))
+before = gpu_rss_gb()
+dropped = drop_idle_gpu_libraries()
+after = gpu_rss_gb()
+loss = model(torch.randint(0, 1000, (2, 16))).logits.float().pow(2).mean()
+loss.backward()
+print(json.dumps({"cuda": torch.cuda.is_available(), "before": before, "dropped": dropped, "after": after,
+                  "after_work": gpu_rss_gb(), "again": drop_idle_gpu_libraries(), "loss": float(loss)}))
+"""
+
+
+def test_idle_gpu_libraries_are_dropped_and_cpu_training_still_runs() -> None:
+    pytest.importorskip("transformers")
+    r = json.loads(_run(_GPU_PROBE, _child_env()).splitlines()[-1])
+    if r["cuda"] or r["before"] < 0.01:
+        pytest.skip(f"nothing to drop: a GPU is present ({r['cuda']}) or torch maps no GPU library ({r['before']} GB)")
+    assert r["dropped"] == pytest.approx(r["before"] - r["after"], abs=0.02)
+    assert r["after"] < 0.1 * r["before"]
+    # a forward and backward pass on the CPU runs after the drop, and maps back little of it (0.02 of 0.28 GB here)
+    assert r["loss"] > 0 and r["after_work"] < 0.25 * r["before"]
+    assert r["again"] == 0.0  # each mapping is dropped once
+
+
+_PRIVATE_PAGES_PROBE = """
+import ctypes, json, mmap, os, sys
+import torch  # the drop runs only where torch is loaded
+from lightning_rl.memory import drop_idle_gpu_libraries
+
+folder = os.path.join(sys.argv[1], "nvidia")  # a path the drop takes for a GPU library's
+os.makedirs(folder)
+size = 16 * mmap.PAGESIZE
+maps = {}
+for name in ("clean", "copied"):
+    path = os.path.join(folder, f"lib{name}.so")
+    with open(path, "wb") as f:
+        f.write(bytes(range(256)) * (size // 256))
+    with open(path, "rb" if name == "clean" else "r+b") as f:
+        prot = mmap.PROT_READ if name == "clean" else mmap.PROT_READ | mmap.PROT_WRITE
+        maps[name] = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=prot)
+sum(maps["clean"][i] for i in range(0, size, mmap.PAGESIZE))  # resident, clean
+copied = maps["copied"]
+copied[0] = 255  # a private copy of the first page (copy on write), then read-only as a library's relocations
+address = ctypes.addressof(ctypes.c_char.from_buffer(copied))
+libc = ctypes.CDLL(None)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+assert libc.mprotect(address, size, mmap.PROT_READ) == 0
+
+def rss_kb(name):
+    found, kb = False, 0
+    for line in open("/proc/self/smaps"):
+        if " " in line and line.split()[0].count("-") == 1 and not line.split()[0].endswith(":"):
+            found = line.rstrip().endswith(f"lib{name}.so")
+        elif found and line.startswith("Rss:"):
+            kb += int(line.split()[1])
+    return kb
+
+before = {n: rss_kb(n) for n in maps}
+dropped = drop_idle_gpu_libraries()
+print(json.dumps({"cuda": torch.cuda.is_available(), "before": before, "after": {n: rss_kb(n) for n in maps},
+                  "dropped_gb": dropped, "clean_reads": maps["clean"][1], "copied_reads": copied[0]}))
+"""
+
+
+def test_a_mapping_with_private_pages_is_never_dropped(tmp_path: Path) -> None:
+    script = [sys.executable, "-c", _PRIVATE_PAGES_PROBE, str(tmp_path)]
+    r = json.loads(subprocess.run(script, env=_child_env(), capture_output=True, text=True, check=True).stdout)
+    if r["cuda"]:
+        pytest.skip("a GPU is present: the drop does nothing there")
+    assert r["before"]["clean"] > 0 and r["before"]["copied"] > 0
+    assert r["after"]["clean"] == 0  # the file's own pages went ...
+    assert r["clean_reads"] == 1  # ... and read back as the file's content
+    assert r["after"]["copied"] == r["before"]["copied"]  # the mapping holding a private copy was left alone
+    assert r["copied_reads"] == 255  # and the copy is still what the process wrote

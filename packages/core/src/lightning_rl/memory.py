@@ -44,6 +44,11 @@ room. On the SmolLM2 demo, per step, the memory in use between steps grew by ~0.
 before any command imports torch, the trainer bounds ideep's when ``fit`` starts (in time unless a
 bfloat16 matmul already ran), and a script can set the variables itself.
 
+:func:`drop_idle_gpu_libraries` takes out of the resident set what a CPU machine maps and never runs:
+PyPI's torch for Linux is the CUDA build, and importing it with transformers leaves ~0.27 GB of
+cuBLAS, NVRTC, nvJitLink and triton pages resident. The torch backend drops them once its model is
+loaded, and every ``release_free_memory`` looks for libraries loaded since.
+
 :func:`memory_breakdown` says what the resident memory between steps is made of, so that a floor
 that rises step after step can be pinned on a kind of memory before anyone guesses at its cause:
 blocks malloc has handed out and not had back (live tensors, oneDNN's primitives, anything that
@@ -64,6 +69,7 @@ from typing import Any
 
 __all__ = [
     "release_free_memory",
+    "drop_idle_gpu_libraries",
     "map_large_blocks",
     "bound_kernel_cache",
     "memory_breakdown",
@@ -100,10 +106,75 @@ def release_free_memory() -> bool:
     """Return the pages glibc's allocator holds free to the system; True when any was returned.
 
     Safe to call from any thread at any time (``malloc_trim`` locks each arena in turn); False and a
-    no-op where the C library has no ``malloc_trim``.
+    no-op where the C library has no ``malloc_trim``. Also drops idle GPU libraries' pages
+    (``drop_idle_gpu_libraries``: once per library, a ~2 ms check otherwise).
     """
+    drop_idle_gpu_libraries()
     trim = _trim()
     return bool(trim(0)) if trim is not None else False
+
+
+_GPU_LIBRARY = re.compile(r"/(?:nvidia|triton|cuda)/|/lib(?:torch_cuda|c10_cuda)[^/]*\.so")
+"""Files of the GPU stack that a process gets from PyPI's torch (a CUDA build on Linux) and transformers (triton)."""
+_MADV_DONTNEED = 4
+_gpu_maps_seen: set[str] = set()
+
+
+def drop_idle_gpu_libraries() -> float:
+    """On a machine without a GPU, drop the resident pages of the GPU libraries this process mapped;
+    the GB dropped (0.0 with a GPU, without torch, off Linux, or when nothing new was mapped).
+
+    PyPI's torch for Linux is the CUDA build: importing it loads cuBLAS, NVRTC, nvJitLink and more,
+    and transformers loads triton. Loading touched their pages, so on a CPU machine ~0.27 GB of them
+    stay resident, and count in every peak, while none of their code runs again (a forward and
+    backward pass after the drop maps back a few percent: ``tests/core/test_memory.py``). Only
+    read-only mappings that hold no private page (none copied on write, such as a library's
+    relocated tables, none swapped) are dropped, with ``MADV_DONTNEED``: what goes is the file's own
+    content, which the kernel maps back from the page cache if the code ever runs. Each mapping is
+    looked at once; one loaded later is found by a read of ``/proc/self/maps``.
+    """
+    libc, torch = _glibc(), sys.modules.get("torch")
+    if libc is None or torch is None or torch.cuda.is_available():
+        return 0.0
+    try:
+        with open("/proc/self/maps") as f:
+            spans = (line.split(None, 1)[0] for line in f if _gpu_candidate(line))
+            fresh = {span for span in spans if span not in _gpu_maps_seen}
+        if not fresh:
+            return 0.0
+        with open("/proc/self/smaps") as f:
+            mappings = _smaps(f.read(), fresh)
+    except OSError:
+        return 0.0
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    dropped = 0
+    for span, fields in mappings.items():
+        _gpu_maps_seen.add(span)
+        if fields.get("Anonymous", 0) == 0 and fields.get("Swap", 0) == 0 and fields.get("Rss", 0) > 0:
+            start, end = (int(x, 16) for x in span.split("-"))
+            if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
+                dropped += fields["Rss"]
+    return dropped / 1e6  # kB -> GB
+
+
+def _gpu_candidate(maps_line: str) -> bool:
+    """A ``/proc/self/maps`` line of a read-only mapping of a GPU library's file."""
+    parts = maps_line.split(None, 5)
+    return len(parts) == 6 and "w" not in parts[1] and _GPU_LIBRARY.search(parts[5]) is not None
+
+
+def _smaps(text: str, spans: set[str]) -> dict[str, dict[str, int]]:
+    """The ``kB`` fields of the ``/proc/self/smaps`` entries of ``spans`` (``start-end``)."""
+    out: dict[str, dict[str, int]] = {}
+    fields: dict[str, int] | None = None
+    for line in text.splitlines():
+        head = line.split(None, 1)[0] if line else ""
+        if "-" in head and not head.endswith(":"):
+            fields = out.setdefault(head, {}) if head in spans else None
+        elif fields is not None and line.endswith(" kB"):
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0])
+    return out
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)

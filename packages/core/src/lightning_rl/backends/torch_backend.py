@@ -45,7 +45,7 @@ from lightning_rl.backends.losses import (
     token_weights,
 )
 from lightning_rl.engine.logprobs import sampling_logprobs
-from lightning_rl.memory import release_free_memory
+from lightning_rl.memory import drop_idle_gpu_libraries, release_free_memory
 from lightning_rl.types import Transition
 
 __all__ = [
@@ -347,6 +347,7 @@ class TorchBackend:
         self._sft_rng = random.Random(cfg.seed)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        drop_idle_gpu_libraries()  # a model is loaded: the GPU stack it came with is mapped by now
 
     @classmethod
     def from_pretrained(
