@@ -67,6 +67,17 @@ def _server_address(env: str, default: str, probe: Callable[[str], str | None]) 
     return default
 
 
+@pytest.fixture
+def smollm2() -> None:
+    """Skip the test unless the smollm2 extra (SmolLM2-135M-Instruct's GGUF file) is installed."""
+    try:
+        from lightning_rl.engine.smollm2 import smollm2_gguf_path
+
+        smollm2_gguf_path()
+    except (ImportError, FileNotFoundError) as exc:
+        pytest.skip(f"the smollm2 extra is not installed: {exc}")
+
+
 @pytest.fixture(scope="session")
 def postgres_dsn() -> str:
     """A PostgreSQL DSN that works (see ``_server_address``)."""

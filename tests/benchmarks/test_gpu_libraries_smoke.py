@@ -12,14 +12,9 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.mark.usefixtures("smollm2")
 def test_gpu_libraries_prints_the_resident_set_before_and_after_the_drop() -> None:
     pytest.importorskip("torch")
-    try:
-        from lightning_rl.engine.smollm2 import smollm2_gguf_path
-
-        smollm2_gguf_path()
-    except (ImportError, FileNotFoundError) as exc:
-        pytest.skip(f"the smollm2 extra is not installed: {exc}")
     run = subprocess.run(
         [sys.executable, str(BENCHMARKS / "gpu_libraries.py"), "--threads", "1"],
         capture_output=True,

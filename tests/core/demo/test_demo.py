@@ -132,17 +132,12 @@ def test_warm_start_progress_prints_periodic_lines_without_a_terminal(capsys: py
 
 
 @pytest.mark.slow  # the real SmolLM2-135M: one LoRA warm-start chunk, one GRPO step on four rollouts
+@pytest.mark.usefixtures("smollm2")
 def test_the_smollm2_demo_runs_end_to_end_with_small_settings(tmp_path: Path) -> None:
     """``lightning-rl demo --model smollm2-135m``'s pipeline on the real model, shrunk: LoRA warm start
     merged into a saved folder that loads, shared-prefix updates, one GRPO step, held-out before/after."""
     pytest.importorskip("torch")
     pytest.importorskip("peft")
-    try:
-        from lightning_rl.engine.smollm2 import smollm2_gguf_path
-
-        smollm2_gguf_path()
-    except (ImportError, FileNotFoundError) as exc:
-        pytest.skip(f"the smollm2 extra is not installed: {exc}")
     from lightning_rl.demo.run import DemoConfig, run_demo
 
     cfg = DemoConfig.smollm2(
