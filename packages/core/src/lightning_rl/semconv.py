@@ -7,7 +7,8 @@ what those conventions lack (exact token ids, rollout routing, credit-assignment
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 __all__ = [
     # span names
@@ -20,6 +21,7 @@ __all__ = [
     # routing
     "ROLLOUT_ID",
     "ATTEMPT_ID",
+    "attributed_ids",
     "ROLE",
     "TRAINABLE",
     # OpenTelemetry GenAI
@@ -203,3 +205,16 @@ OI_AGENT_NAME: Final = "agent.name"
 OI_GRAPH_NODE_ID: Final = "graph.node.id"
 OI_METADATA: Final = "metadata"
 """JSON metadata of a LangChain run (``langgraph_node``, ``lightning_role``, ...)."""
+
+
+def attributed_ids(*attribute_sets: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """The rollout and attempt ids a span names outside any rollout context: ``ROLLOUT_ID`` and
+    ``ATTEMPT_ID`` (non-empty strings) from the first set that has both (the span's attributes, then
+    its resource's). The OpenTelemetry span processor and OTLP ingest route spans by it."""
+    for attrs in attribute_sets:
+        if attrs is None:
+            continue
+        rollout_id, attempt_id = attrs.get(ROLLOUT_ID), attrs.get(ATTEMPT_ID)
+        if isinstance(rollout_id, str) and isinstance(attempt_id, str) and rollout_id and attempt_id:
+            return rollout_id, attempt_id
+    return None

@@ -14,17 +14,16 @@ import contextvars
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from lightning_rl import semconv
 from lightning_rl.types import Resources, Span, Task
 
 if TYPE_CHECKING:
     from lightning_rl.agent import LLM
 
-__all__ = ["SpanSink", "RolloutContext", "rollout_context", "current_rollout", "bind_context", "attributed_ids"]
+__all__ = ["SpanSink", "RolloutContext", "rollout_context", "current_rollout", "bind_context"]
 
 _log = logging.getLogger("lightning_rl.tracing")
 
@@ -182,16 +181,3 @@ def bind_context(fn: Callable[P, R]) -> Callable[P, R]:
         return ctx.copy().run(fn, *args, **kwargs)
 
     return bound
-
-
-def attributed_ids(*attribute_sets: Mapping[str, Any] | None) -> tuple[str, str] | None:
-    """The rollout and attempt ids a span names outside any rollout context: ``lightning.rollout_id``
-    and ``lightning.attempt_id`` (non-empty strings) from the first set that has both (the span's
-    attributes, then its resource's). The OpenTelemetry span processor and OTLP ingest route by it."""
-    for attrs in attribute_sets:
-        if attrs is None:
-            continue
-        rollout_id, attempt_id = attrs.get(semconv.ROLLOUT_ID), attrs.get(semconv.ATTEMPT_ID)
-        if isinstance(rollout_id, str) and isinstance(attempt_id, str) and rollout_id and attempt_id:
-            return rollout_id, attempt_id
-    return None

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning_rl import semconv
-from lightning_rl.tracing._context import RolloutContext, SpanSink, attributed_ids, current_rollout
+from lightning_rl.tracing._context import RolloutContext, SpanSink, current_rollout
 from lightning_rl.tracing._tracer import clean_attributes
 from lightning_rl.types import Span, SpanEvent, SpanStatus
 
@@ -143,7 +143,7 @@ class LightningSpanProcessor(SpanProcessor):
             owner.record(span_from_otel(span, owner.rollout_id, owner.attempt_id))
             self._exported += 1
             return
-        ids = attributed_ids(span.attributes, span.resource.attributes)
+        ids = semconv.attributed_ids(span.attributes, span.resource.attributes)
         if ids is not None and self._fallback_sink is not None:
             self._fallback_sink(span_from_otel(span, *ids))
             self._exported += 1

@@ -37,7 +37,6 @@ from pydantic import ValidationError
 from lightning_rl import semconv
 from lightning_rl.errors import InvalidRequestError, NotFoundError
 from lightning_rl.store.base import MAX_BATCH, LightningStore
-from lightning_rl.tracing._context import attributed_ids
 from lightning_rl.types import Span, SpanEvent, SpanStatus
 
 __all__ = [
@@ -188,7 +187,7 @@ def convert_request(request: ExportTraceServiceRequest, result: IngestResult) ->
 
 def _convert_span(s: OtlpSpan, resource_attrs: dict[str, Any], result: IngestResult) -> Span | None:
     attrs = _attributes(s.attributes)
-    ids = attributed_ids(attrs, resource_attrs)
+    ids = semconv.attributed_ids(attrs, resource_attrs)
     label = f"span {s.span_id.hex() or '?'} ({s.name!r})"
     if ids is None:
         result.reject(
