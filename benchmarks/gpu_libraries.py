@@ -6,7 +6,7 @@ loads SmolLM2-135M-Instruct (the demo's model) through the torch backend, as the
 prints the resident set, the part that is GPU libraries, after the import, after the backend's drop
 and after a forward and backward pass of the model on the CPU (what the work maps back).
 
-    uv run python benchmarks/gpu_libraries.py [--threads 2]
+    uv run python benchmarks/gpu_libraries.py [--threads 2] [--tokens 256]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def gpu_library_gb(pattern: re.Pattern[str]) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per row of the 4-row forward and backward pass")
     args = parser.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     rows.append(("model loaded", rss_gb(), gpu_library_gb(_GPU_LIBRARY)))
     backend = TorchBackend(model, TorchBackendConfig(device="cpu", dtype="float32"))  # drops them
     rows.append(("torch backend made (dropped)", rss_gb(), gpu_library_gb(_GPU_LIBRARY)))
-    ids = torch.randint(0, 1000, (4, 256))
+    ids = torch.randint(0, 1000, (4, args.tokens))
     backend.model(ids).logits.float().logsumexp(-1).mean().backward()
     rows.append(("after a forward and backward pass", rss_gb(), gpu_library_gb(_GPU_LIBRARY)))
     print("\n| when | resident (GB) | of it GPU libraries (GB) |\n|---|---:|---:|")

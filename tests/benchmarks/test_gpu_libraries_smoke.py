@@ -16,7 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 def test_gpu_libraries_prints_the_resident_set_before_and_after_the_drop() -> None:
     pytest.importorskip("torch")
     run = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu_libraries.py"), "--threads", "1"],
+        [sys.executable, str(BENCHMARKS / "gpu_libraries.py"), "--threads", "2", "--tokens", "8"],
         capture_output=True,
         text=True,
         cwd=BENCHMARKS,
