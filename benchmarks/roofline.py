@@ -20,7 +20,12 @@ layer a token passes through (the output head only where logits are computed), p
 of activation gradients through the adapted layers (the frozen base weights get none under LoRA,
 and nothing below the lowest adapter needs a gradient) and through the head.
 
-    uv run python benchmarks/roofline.py [--threads 2] [--dtype float32,bfloat16] [--markdown]
+    uv run python benchmarks/roofline.py [--threads 2] [--dtype float32,bfloat16] [--markdown] [--profile]
+
+``--profile`` answers what bounds a figure that falls short: it runs prefill, a few decode steps and
+the update once more under ``torch.profiler`` and splits their time into matmul kernels (with the rate
+those kernels reach on the model's own shapes), attention, the other operators, and time outside any
+operator (Python and dispatch).
 
 The compute bound is the best of several large matmuls of the model's own shapes, so a fraction near
 1 means the matmuls dominate and run at full rate; the rest is time spent outside matmuls
@@ -37,13 +42,14 @@ import random
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from _common import generated_line
 
-__all__ = ["main", "ModelShape", "demo_prompts", "peak_rss_gb", "reset_peak_rss"]
+__all__ = ["main", "ModelShape", "Breakdown", "profile_breakdown", "demo_prompts", "peak_rss_gb", "reset_peak_rss"]
 
 _DEMO_ROWS = 64  # the demo's concurrency: 8 tasks x 8 samples
 _RESPONSE = 24  # tokens per response (the demo's responses are 10-40)
@@ -83,18 +89,22 @@ class ModelShape:
         return 2.0 * self.hidden * self.vocab
 
 
-def matmul_rate(dtype: torch.dtype, shape: ModelShape) -> float:
-    """Best FLOP/s over large matmuls of the model's own shapes (tokens x hidden @ hidden x intermediate)."""
+def matmul_rate(dtype: torch.dtype, shape: ModelShape, windows: int = 5) -> float:
+    """Best FLOP/s over large matmuls of the model's own shapes (tokens x hidden @ hidden x intermediate),
+    each timed over ``windows`` windows of 20: on a shared or virtual machine one short window can land
+    in a slow or a fast moment (an AMX Xeon gave 776 and 2,024 GFLOP/s in two runs of one window), and
+    the best of several is the rate the machine can reach."""
     best = 0.0
     for m, k, n in ((2048, shape.hidden, shape.intermediate), (2048, shape.intermediate, shape.hidden)):
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         for _ in range(3):
             a @ b
         reps = 20
-        start = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start))
+        for _ in range(windows):
+            start = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start))
     return best
 
 
@@ -155,8 +165,75 @@ class Row:
         return self.gflops / self.bound_gflops
 
 
-def measure_prefill(model: Any, prompts: list[list[int]], shape: ModelShape) -> tuple[float, float]:
-    """(tokens/s, FLOP/s) of one ``KVBatch.prefill`` of distinct prompts (every token computed)."""
+_MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"})
+_ATTENTION_MARKS = ("attention", "softmax")
+
+
+@dataclass
+class Breakdown:
+    """Where one profiled call spent its time, in milliseconds of wall time."""
+
+    what: str
+    wall_ms: float
+    matmul_ms: float
+    matmul_gflops: float
+    """The rate inside the matmul kernels alone (the profiler's FLOP count over their self time)."""
+    attention_ms: float
+    other_ms: float
+    top_other: list[tuple[str, float]]
+
+    @property
+    def outside_ms(self) -> float:
+        """Wall time inside no operator: Python, the scheduler, dispatch between operators."""
+        return max(0.0, self.wall_ms - self.matmul_ms - self.attention_ms - self.other_ms)
+
+
+def profile_breakdown(what: str, call: Any) -> Breakdown:
+    """Run ``call()`` once under ``torch.profiler`` and split its wall time by kind of operator.
+
+    Self times are summed over leaf work (an operator's own time, not its children's), so the kinds add
+    up to at most the wall time; what is left is time outside any operator. The profiler adds a few
+    microseconds per operator, which lands mostly in that remainder: treat it as an upper bound."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        start = time.perf_counter()
+        call()
+        wall = time.perf_counter() - start
+    matmul_us = attention_us = other_us = 0.0
+    matmul_flops = 0.0
+    others: dict[str, float] = {}
+    for event in prof.key_averages():
+        self_us = float(event.self_cpu_time_total)
+        if event.key in _MATMUL_OPS:
+            matmul_us += self_us
+            matmul_flops += float(event.flops or 0)
+        elif any(mark in event.key for mark in _ATTENTION_MARKS):
+            attention_us += self_us
+        else:
+            other_us += self_us
+            others[event.key] = others.get(event.key, 0.0) + self_us
+    top = sorted(others.items(), key=lambda kv: -kv[1])[:4]
+    return Breakdown(
+        what=what,
+        wall_ms=wall * 1e3,
+        matmul_ms=matmul_us / 1e3,
+        matmul_gflops=matmul_flops / matmul_us / 1e3 if matmul_us else 0.0,
+        attention_ms=attention_us / 1e3,
+        other_ms=other_us / 1e3,
+        top_other=[(k, v / 1e3) for k, v in top],
+    )
+
+
+Profiles = list[Callable[[], Breakdown]]
+"""Profiled calls a measurement leaves to run once its own figures (and peak memory) are read."""
+
+
+def measure_prefill(
+    model: Any, prompts: list[list[int]], shape: ModelShape, profiles: Profiles | None = None
+) -> tuple[float, float]:
+    """(tokens/s, FLOP/s) of one ``KVBatch.prefill`` of distinct prompts (every token computed); with
+    ``profiles``, a call that profiles one more prefill is appended."""
     from lightning_rl.engine._batch import KVBatch
 
     with torch.inference_mode():
@@ -167,14 +244,24 @@ def measure_prefill(model: Any, prompts: list[list[int]], shape: ModelShape) -> 
             start = time.perf_counter()
             batch.prefill(prompts)
             times.append(time.perf_counter() - start)
+    if profiles is not None:
+
+        def profiled() -> Breakdown:
+            with torch.inference_mode():
+                return profile_breakdown("prefill", lambda: KVBatch(model, 0, torch.device("cpu")).prefill(prompts))
+
+        profiles.append(profiled)
     tokens = sum(len(p) for p in prompts)
     flops = sum(sum(shape.body_flops(i + 1) for i in range(len(p))) + shape.head_flops for p in prompts)
     best = min(times)
     return tokens / best, flops / best
 
 
-def measure_decode(model: Any, prompts: list[list[int]], shape: ModelShape, steps: int) -> tuple[float, float]:
-    """(tokens/s, FLOP/s) of ``KVBatch.decode`` steps for every row at once (greedy, no sampling)."""
+def measure_decode(
+    model: Any, prompts: list[list[int]], shape: ModelShape, steps: int, profiles: Profiles | None = None
+) -> tuple[float, float]:
+    """(tokens/s, FLOP/s) of ``KVBatch.decode`` steps for every row at once (greedy, no sampling); with
+    ``profiles``, a call that profiles one more step of the same rows is appended."""
     from lightning_rl.engine._prefix import SharedPrefixBatch
 
     with torch.inference_mode():
@@ -185,6 +272,13 @@ def measure_decode(model: Any, prompts: list[list[int]], shape: ModelShape, step
         for _ in range(steps):
             tokens = batch.decode(tokens).argmax(-1).tolist()
         elapsed = time.perf_counter() - start
+    if profiles is not None:
+
+        def profiled() -> Breakdown:
+            with torch.inference_mode():
+                return profile_breakdown("decode step", lambda: batch.decode(tokens).argmax(-1))
+
+        profiles.append(profiled)
     rows = len(prompts)
     context = statistics.mean(len(p) for p in prompts) + 1 + steps / 2
     flops = rows * steps * (shape.body_flops(context) + shape.head_flops)
@@ -218,7 +312,12 @@ def measure_engine(model: Any, tokenizer: Any, prompts: list[list[int]], shape: 
 
 
 def measure_update(
-    prompts: list[list[int]], shape: ModelShape, dtype: str, pad_id: int, micro_batch_tokens: int
+    prompts: list[list[int]],
+    shape: ModelShape,
+    dtype: str,
+    pad_id: int,
+    micro_batch_tokens: int,
+    profiles: Profiles | None = None,
 ) -> tuple[float, float, float, float]:
     """(response tokens/s, processed tokens/s, FLOP/s, seconds) of one ``TorchBackend.update`` with the
     SmolLM2 demo's RL settings (``DemoConfig.smollm2``: LoRA rank 16 on the top layers, shared prefix,
@@ -258,6 +357,8 @@ def measure_update(
     start = time.perf_counter()
     backend.update(transitions)
     elapsed = time.perf_counter() - start
+    if profiles is not None:  # the adapters have moved; the work per update has not
+        profiles.append(lambda: profile_breakdown("update", lambda: backend.update(transitions)))
     # what ran: per micro-batch the shared prefix once, then each row's rest, forward through every
     # layer; the backward computes activation gradients (one forward's worth) from the top down to
     # the lowest adapted layer only (the frozen weights get none), and through the head
@@ -279,6 +380,18 @@ def measure_update(
     return responses / elapsed, processed / elapsed, flops / elapsed, elapsed
 
 
+def run_profiles(
+    found: Profiles | None, profiles: list[tuple[str, float, Breakdown]], dtype: str, bound: float
+) -> None:
+    """Run what the last measurement left to profile, once its peak memory was read (the profiler's
+    own records would count in it), and start a new peak window for the next measurement."""
+    if not found:
+        return
+    profiles.extend((dtype, bound, call()) for call in found)
+    found.clear()
+    reset_peak_rss()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -287,12 +400,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=4096, help="the update's micro-batch budget")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: prefill,decode,engine,update")
     parser.add_argument("--markdown", action="store_true", help="print a markdown block for benchmarks/README.md")
+    parser.add_argument(
+        "--profile", action="store_true", help="also split prefill, decode and update time by operator kind"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     skip = set(filter(None, args.skip.split(",")))
     load_start = os.getloadavg()[0]  # other jobs on the machine slow every figure: say how busy it was
     rows: list[Row] = []
+    profiles: list[tuple[str, float, Breakdown]] = []  # (dtype, bound, breakdown)
     from lightning_rl.backends.torch_backend import cpu_flags, fast_bfloat16
 
     flags = cpu_flags()
@@ -327,21 +444,25 @@ def main(argv: list[str] | None = None) -> None:
             reset_peak_rss()
 
         reset_peak_rss()
+        found: Profiles | None = [] if args.profile else None
 
         if "prefill" not in skip:
-            tps, flops = measure_prefill(model, prompts[:16], shape)
+            tps, flops = measure_prefill(model, prompts[:16], shape, found)
             add("prefill", tps, flops, f"16 distinct prompts of {len(prompts[0])} tokens")
+            run_profiles(found, profiles, name, bound)
         if "decode" not in skip:
-            tps, flops = measure_decode(model, prompts, shape, args.decode_steps)
+            tps, flops = measure_decode(model, prompts, shape, args.decode_steps, found)
             add("decode step", tps, flops, f"{len(prompts)} rows, greedy, model step only")
+            run_profiles(found, profiles, name, bound)
         if "engine" not in skip:
             tps, flops = measure_engine(model, tokenizer, prompts, shape)
             add("engine generate", tps, flops, f"{len(prompts)} requests, sampled, {_RESPONSE} tokens max")
         if "update" not in skip:
             del model  # the update loads its own copy
             model = None
-            rtps, ptps, flops, seconds = measure_update(prompts, shape, name, pad, args.micro_batch_tokens)
+            rtps, ptps, flops, seconds = measure_update(prompts, shape, name, pad, args.micro_batch_tokens, found)
             add("update", ptps, flops, f"{len(prompts)} transitions, {rtps:.0f} response tokens/s, {seconds:.1f} s")
+            run_profiles(found, profiles, name, bound)
         del model
     machine = (
         f"Python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
@@ -356,6 +477,35 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"| {r.what} | {r.dtype} | {r.tokens_per_s:.0f} | {r.gflops:.1f} | {r.bound_gflops:.1f} | "
             f"**{r.fraction:.0%}** | {r.peak_gb:.2f} GB | {r.note} |"
+        )
+    if profiles:
+        print_profiles(profiles)
+
+
+def print_profiles(profiles: list[tuple[str, float, Breakdown]]) -> None:
+    """The ``--profile`` table: one profiled call per row, its wall time split by kind of operator."""
+    print()
+    print(
+        "One call of each under torch.profiler (self times; 'outside' is wall time inside no operator: "
+        "Python, scheduling, dispatch, plus the profiler's own cost):"
+    )
+    print()
+    print(
+        "| what | dtype | wall | matmul kernels | their rate | of bound | attention | other operators | outside "
+        "| largest other operators |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for dtype, bound, b in profiles:
+        wall = b.wall_ms
+
+        def share(ms: float) -> str:
+            return f"{ms:.0f} ms ({ms / wall:.0%})"  # noqa: B023
+
+        top = ", ".join(f"{k.removeprefix('aten::')} {v:.0f} ms" for k, v in b.top_other)
+        print(
+            f"| {b.what} | {dtype} | {b.wall_ms:.0f} ms | {share(b.matmul_ms)} | {b.matmul_gflops:.0f} GFLOP/s | "
+            f"{b.matmul_gflops * 1e9 / bound:.0%} | {share(b.attention_ms)} | {share(b.other_ms)} | "
+            f"{share(b.outside_ms)} | {top} |"
         )
 
 

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from determinism import compare  # noqa: E402
-from roofline import ModelShape  # noqa: E402
+from roofline import ModelShape, profile_breakdown  # noqa: E402
 
 
 def test_the_flop_count_is_two_per_weight_of_every_linear_layer_plus_attention() -> None:
@@ -40,3 +40,20 @@ def test_compare_finds_the_first_differing_step_and_the_reward_gaps() -> None:
     identical, first, train, held_out = compare(a, b)
     assert not identical and first == 2 and train == pytest.approx(0.1) and held_out == 0.0
     assert compare(a, a[:2])[:2] == (False, 1)  # one run logged fewer rows
+
+
+def test_the_profile_puts_matmuls_attention_and_the_rest_in_their_own_kinds() -> None:
+    torch = pytest.importorskip("torch")
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    q = torch.randn(1, 2, 16, 8)
+
+    def call() -> None:
+        for _ in range(4):
+            (a @ b).relu()
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    found = profile_breakdown("probe", call)
+    assert found.matmul_ms > 0 and found.attention_ms > 0 and found.other_ms > 0
+    assert found.matmul_ms + found.attention_ms + found.other_ms <= found.wall_ms
+    assert found.matmul_gflops > 0  # the profiler counts 2*m*k*n per mm
+    assert any("relu" in name for name, _ in found.top_other)
