@@ -471,12 +471,19 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(generated_line("roofline.py", argv, machine))
     print()
+
+    def peak(r: Row) -> str:
+        # the profiler's records stay resident once the first part is profiled: no honest peak after it
+        return "-" if args.profile else f"{r.peak_gb:.2f} GB"
+
+    if args.profile:
+        print("(peak RSS not measured with --profile: the profiler's records stay resident)")
     print("| what | dtype | tokens/s | GFLOP/s | bound GFLOP/s | of bound | peak RSS | what ran |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(
             f"| {r.what} | {r.dtype} | {r.tokens_per_s:.0f} | {r.gflops:.1f} | {r.bound_gflops:.1f} | "
-            f"**{r.fraction:.0%}** | {r.peak_gb:.2f} GB | {r.note} |"
+            f"**{r.fraction:.0%}** | {peak(r)} | {r.note} |"
         )
     if profiles:
         print_profiles(profiles)
