@@ -12,6 +12,12 @@ memory malloc handed out and has not had back, ``other_anonymous``, ``malloc_fre
 
     uv run python benchmarks/phase_memory.py default=<out>/seed0 capped=<out2>/seed0 [--phases rollouts,update]
     uv run python benchmarks/phase_memory.py a=<run> --phases publish,step_end/malloc_in_use
+    uv run python benchmarks/phase_memory.py a=<run> --times
+
+``--times`` adds where each run's training time went: its rollouts and updates summed over steps (the
+updates that also measured the KL to the start, ``kl_every``, apart), and the training time the
+trainer logged at the last step (``train/elapsed_s``: held-out evaluations excluded). A demo's wall
+time minus that is its model load, warm start and held-out evaluations.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 
 from _common import generated_line
 
-__all__ = ["main", "phase_peaks"]
+__all__ = ["main", "phase_peaks", "phase_seconds"]
 
 
 def phase_peaks(metrics: Path, phase: str) -> dict[int, float]:
@@ -38,10 +44,28 @@ def phase_peaks(metrics: Path, phase: str) -> dict[int, float]:
     return peaks
 
 
+def phase_seconds(metrics: Path) -> dict[str, float]:
+    """Seconds a run's steps spent in rollouts and updates (summed), in the updates that measured the
+    KL to the start, and its training time at the last step (``train/elapsed_s``), with the steps."""
+    out = {"rollouts": 0.0, "updates": 0.0, "kl_updates": 0.0, "training": 0.0, "steps": 0.0}
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if "train/update_s" not in record:
+            continue
+        out["rollouts"] += float(record.get("train/rollout_s", 0.0))
+        out["updates"] += float(record["train/update_s"])
+        if "train/kl_to_start" in record:
+            out["kl_updates"] += float(record["train/update_s"])
+        out["training"] = max(out["training"], float(record.get("train/elapsed_s", 0.0)))
+        out["steps"] += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="label=run_dir (a folder holding metrics.jsonl)")
     parser.add_argument("--phases", default="publish,rollouts,update", help="comma-separated phase names")
+    parser.add_argument("--times", action="store_true", help="also print the seconds of rollouts and updates")
     args = parser.parse_args(argv)
     runs: list[tuple[str, Path]] = []
     for item in args.runs:
@@ -61,6 +85,18 @@ def main(argv: list[str] | None = None) -> None:
     for (label, phase), peaks in table.items():
         cells = " | ".join(f"{peaks[s]:.2f}" if s in peaks else "" for s in steps)
         print(f"| {label} | {phase} | {cells} |")
+    if args.times:
+        print(
+            "\nSeconds of each run's RL steps (training time: rollouts, updates and publishes; evaluations excluded)\n"
+        )
+        print("| run | steps | rollouts | updates | of them, updates measuring the KL | training time |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for label, metrics in runs:
+            t = phase_seconds(metrics)
+            print(
+                f"| {label} | {t['steps']:.0f} | {t['rollouts']:.0f} s | {t['updates']:.0f} s | "
+                f"{t['kl_updates']:.0f} s | {t['training']:.0f} s |"
+            )
 
 
 if __name__ == "__main__":

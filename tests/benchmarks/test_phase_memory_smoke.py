@@ -47,3 +47,32 @@ def test_phase_memory_says_which_folder_has_no_metrics(tmp_path: Path) -> None:
     bench = load_benchmark("phase_memory")
     with pytest.raises(SystemExit):
         bench.main([f"x={tmp_path}"])
+
+
+def test_phase_memory_times_sum_the_steps_and_set_apart_the_kl_updates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = load_benchmark("phase_memory")
+    run = _run(
+        tmp_path / "run",
+        [
+            {"step": 0.0, "val/reward_mean": 0.1},  # an evaluation: no training time
+            {"step": 1.0, "train/rollout_s": 10.0, "train/update_s": 20.0, "train/elapsed_s": 31.0},
+            {
+                "step": 2.0,
+                "train/rollout_s": 12.0,
+                "train/update_s": 25.0,
+                "train/kl_to_start": 0.05,
+                "train/elapsed_s": 69.0,
+            },
+        ],
+    )
+    assert bench.phase_seconds(run / "metrics.jsonl") == {
+        "rollouts": 22.0,
+        "updates": 45.0,
+        "kl_updates": 25.0,
+        "training": 69.0,
+        "steps": 2.0,
+    }
+    bench.main([f"r={run}", "--phases", "update", "--times"])
+    assert "| r | 2 | 22 s | 45 s | 25 s | 69 s |" in capsys.readouterr().out
