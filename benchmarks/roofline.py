@@ -166,7 +166,8 @@ class Row:
 
 
 _MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"})
-_ATTENTION_MARKS = ("attention", "softmax")
+_SOFTMAX_OPS = frozenset({"aten::_softmax", "aten::softmax", "aten::_softmax_backward_data"})
+"""An eager attention's softmax; the output head's ``log_softmax`` over the vocabulary is not attention."""
 
 
 @dataclass
@@ -208,7 +209,7 @@ def profile_breakdown(what: str, call: Any) -> Breakdown:
         if event.key in _MATMUL_OPS:
             matmul_us += self_us
             matmul_flops += float(event.flops or 0)
-        elif any(mark in event.key for mark in _ATTENTION_MARKS):
+        elif "attention" in event.key or event.key in _SOFTMAX_OPS:
             attention_us += self_us
         else:
             other_us += self_us

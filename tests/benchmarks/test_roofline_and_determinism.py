@@ -46,14 +46,17 @@ def test_the_profile_puts_matmuls_attention_and_the_rest_in_their_own_kinds() ->
     torch = pytest.importorskip("torch")
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     q = torch.randn(1, 2, 16, 8)
+    vocab = torch.randn(512, 4096)
 
     def call() -> None:
         for _ in range(4):
             (a @ b).relu()
         torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        torch.log_softmax(vocab, dim=-1)  # the output head's, over the vocabulary: not attention
 
     found = profile_breakdown("probe", call)
     assert found.matmul_ms > 0 and found.attention_ms > 0 and found.other_ms > 0
     assert found.matmul_ms + found.attention_ms + found.other_ms <= found.wall_ms
     assert found.matmul_gflops > 0  # the profiler counts 2*m*k*n per mm
-    assert any("relu" in name for name, _ in found.top_other)
+    names = [name for name, _ in found.top_other]
+    assert any("relu" in name for name in names) and any("log_softmax" in name for name in names)
