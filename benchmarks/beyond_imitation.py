@@ -15,7 +15,11 @@ arm starts from a deliberately degraded model. Per seed:
 - **e** c with the advantage on the final call only (``credit="last"``).
 - **f** c plus AIR on tool errors (``air={"tool_error": -0.1}``).
 
-Arms b-f train for the same ``--budget-min`` minutes of training time each (rollouts + updates;
+RL arms start from arm a's model, unless ``--rl-start STEPS`` names the sweep point they start from:
+on a slow machine the best point can leave no room in a run's total time (SFT plus RL) for RL, and the
+comparison at one total budget is then a shorter SFT plus RL against the longest SFT; the table says
+which point each arm started from. Arms b-f train for the same ``--budget-min`` minutes of training
+time each (rollouts + updates;
 held-out evaluations are not counted, ``TrainerConfig.time_budget_s``) and are evaluated greedily on
 the held-out test split (``--n-test``, >= 100 for a published table) every ``--val-every`` steps.
 Every phase runs in its own process, one at a time (``--child``), so that wall times and peak memory
@@ -195,8 +199,9 @@ def splits(p: Preset, seed: int) -> Any:
     return two_step_splits(seed, **sizes, n_demo_two=p.n_demo_two)
 
 
-def child_sft(p: Preset, out: Path, seed: int) -> dict[str, Any]:
-    """Arm a: the sweep, each point scored on the validation split; the best is kept as ``best/``."""
+def child_sft(p: Preset, out: Path, seed: int, keep_steps: int | None = None) -> dict[str, Any]:
+    """Arm a: the sweep, each point scored on the validation split; the best is kept as ``best/``, and
+    the point of ``keep_steps`` steps (``--rl-start``) too, whatever its score."""
     from lightning_rl.demo.run import _resolved_precision  # pyright: ignore[reportPrivateUsage]
     from lightning_rl.demo.two_step import chats, one_step_demonstrations, two_step_demonstrations
     from lightning_rl.engine.models import resolve_model
@@ -241,10 +246,10 @@ def child_sft(p: Preset, out: Path, seed: int) -> dict[str, Any]:
         # the best two-operation validation score; then the best imitation of the demonstrations (one
         # operation), since no SFT model may solve a two-operation question; then the cheaper point
         if best is None or (val, val_one) > (best["val"], best["val_one"]):
-            if best is not None:
+            if best is not None and best["steps"] != keep_steps:
                 shutil.rmtree(folder / best["name"], ignore_errors=True)
             best = point
-        else:
+        elif steps != keep_steps:
             shutil.rmtree(folder / name, ignore_errors=True)
     assert best is not None
     (folder / "best").unlink(missing_ok=True)
@@ -253,15 +258,36 @@ def child_sft(p: Preset, out: Path, seed: int) -> dict[str, Any]:
     return {"seed": seed, "sweep": points, "best": best, "base_test": base_test, "best_test": best_test}
 
 
-def child_arm(p: Preset, out: Path, seed: int, arm: str, budget_s: float) -> dict[str, Any]:
-    """One RL arm (b-f) from the seed's best SFT, for ``budget_s`` seconds of training."""
+def start_point(out: Path, seed: int, steps: int | None) -> dict[str, Any]:
+    """The sweep point an RL arm of ``seed`` starts from: the best, or the one of ``steps`` steps."""
+    record_path = out / f"seed{seed}" / "sft" / "result.json"
+    if not record_path.exists():
+        raise SystemExit(f"no SFT record at {record_path}: run arm a for seed {seed} first")
+    record = json.loads(record_path.read_text())
+    if steps is None:
+        return record["best"]
+    found = [point for point in record["sweep"] if point["steps"] == steps]
+    if not found:
+        swept = ", ".join(str(point["steps"]) for point in record["sweep"])
+        raise SystemExit(f"--rl-start {steps}: seed {seed}'s sweep has no such point (it swept {swept} steps)")
+    return found[0]
+
+
+def child_arm(
+    p: Preset, out: Path, seed: int, arm: str, budget_s: float, start_steps: int | None = None
+) -> dict[str, Any]:
+    """One RL arm (b-f) from the seed's best SFT (or the sweep point of ``start_steps``), for ``budget_s``
+    seconds of training."""
     from lightning_rl.algorithms.sft import SFT, SFTConfig
     from lightning_rl.demo.calculator import calculator_agent
     from lightning_rl.trainer import Trainer, TrainerConfig
 
-    start = (out / f"seed{seed}" / "sft" / "best").resolve()
+    point = start_point(out, seed, start_steps)
+    start = (out / f"seed{seed}" / "sft" / point["name"]).resolve()
     if not start.exists():
-        raise SystemExit(f"no SFT checkpoint at {start}: run arm a for seed {seed} first")
+        raise SystemExit(
+            f"no SFT checkpoint at {start}: run arm a for seed {seed} with the same --rl-start, which keeps it"
+        )
     run_dir = out / f"seed{seed}" / arm
     shutil.rmtree(run_dir, ignore_errors=True)
     split = splits(p, seed)
@@ -274,7 +300,7 @@ def child_arm(p: Preset, out: Path, seed: int, arm: str, budget_s: float) -> dic
     else:
         algorithm = Trainer(trainer_config(p, str(start), run_dir, seed, time_budget_s=budget_s, **RL_OVERRIDES[arm]))
     result = algorithm.fit(calculator_agent, split.train, split.test)
-    return {"seed": seed, "arm": arm, "before": result.val_before, "after": result.val_after}
+    return {"seed": seed, "arm": arm, "before": result.val_before, "after": result.val_after, "start": point}
 
 
 # --- the parent: run the children, gather, render ---------------------------------------------------
@@ -302,6 +328,10 @@ class Row:
     """Held-out rollouts of the final evaluation that failed or timed out (``unfinished``; None: unknown)."""
     curve: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]])
     """(training seconds since the start of SFT, held-out reward)."""
+    start: str = ""
+    """The sweep point an RL arm started from when it is not the best (``--rl-start``); empty otherwise."""
+    sft_s: float = 0.0
+    """The SFT seconds before an RL arm (its start point's), on its training clock."""
     joins: dict[str, float] = field(default_factory=dict[str, float])
 
     @property
@@ -363,7 +393,7 @@ def run_child(args: argparse.Namespace, out: Path, seed: int, arm: str) -> tuple
         str(args.budget_min),
     ]
     cmd += ["--smoke"] if args.smoke else []
-    for name in ("sweep", "n_test", "n_val", "val_every", "max_steps", "two_op_demos"):
+    for name in ("sweep", "n_test", "n_val", "val_every", "max_steps", "two_op_demos", "rl_start"):
         if getattr(args, name) is not None:
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     env = dict(os.environ)
@@ -411,7 +441,13 @@ def gather(out: Path) -> tuple[list[Row], list[dict[str, Any]]]:
             done = seed_dir / arm / "run.json"
             if arm != "a" and done.exists():
                 info = json.loads(done.read_text())
-                rows.append(arm_row(arm, seed, seed_dir / arm, best["sft_s"], info["process_s"], info["peak_gb"]))
+                result_path = seed_dir / arm / "result.json"
+                result = json.loads(result_path.read_text()) if result_path.exists() else {}
+                point = result.get("start", best)
+                row = arm_row(arm, seed, seed_dir / arm, point["sft_s"], info["process_s"], info["peak_gb"])
+                row.start = "" if point["name"] == best["name"] else point["name"]
+                row.sft_s = float(point["sft_s"])
+                rows.append(row)
     return rows, sfts
 
 
@@ -451,8 +487,9 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
     ]
     for r in sorted(rows, key=lambda r: (r.arm, r.seed)):
         tokens = f"{_num(r.sequence_tokens, '.0f')}, {_num(r.forward_tokens, '.0f')}" if r.arm != "a" else "-"
+        label = f"{r.arm}: {ARMS[r.arm]}" + (f", from SFT point {r.start}" if r.start else "")
         lines.append(
-            f"| {r.arm}: {ARMS[r.arm]} | {r.seed} | {r.before:.2f} | {r.after:.2f} | **{r.gain:+.2f}** | "
+            f"| {label} | {r.seed} | {r.before:.2f} | {r.after:.2f} | **{r.gain:+.2f}** | "
             f"{r.train_s / 60:.1f} min | {r.process_s / 60:.1f} min | {r.steps} | {tokens} | {r.peak_gb:.1f} GB |"
         )
     lines.append("")
@@ -512,7 +549,7 @@ def _short_sweeps(rows: list[Row], sfts: list[dict[str, Any]]) -> list[str]:
     for sft in sfts:
         longest = max(float(p["sft_s"]) for p in sft["sweep"])
         arms = [r for r in rows if r.seed == sft["seed"] and r.arm != "a"]
-        if arms and longest < (most := max(r.train_s for r in arms) + float(sft["best"]["sft_s"])):
+        if arms and longest < (most := max(r.train_s + r.sft_s for r in arms)):
             out.append(
                 f"\n**Seed {sft['seed']}: the SFT sweep's longest point trained {longest / 60:.1f} min, the RL arms "
                 f"up to {most / 60:.1f} min (with their SFT): arm a is not the best imitation of the same time; "
@@ -715,6 +752,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SEED",
         help="run nothing: print held-out transcripts of arm a against arm c for SEED (from --out)",
     )
+    ap.add_argument(
+        "--rl-start",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="the RL arms start from the sweep point of STEPS steps instead of the best (kept on disk by arm a)",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -735,10 +779,10 @@ def main(argv: list[str] | None = None) -> int:
         _quiet()
         started = time.perf_counter()
         if args.child == "a":
-            record = child_sft(p, out, args.seed)
+            record = child_sft(p, out, args.seed, args.rl_start)
             path = out / f"seed{args.seed}" / "sft" / "result.json"
         else:
-            record = child_arm(p, out, args.seed, args.child, args.budget_min * 60)
+            record = child_arm(p, out, args.seed, args.child, args.budget_min * 60, args.rl_start)
             path = out / f"seed{args.seed}" / args.child / "result.json"
         record["child_s"] = time.perf_counter() - started
         path.write_text(json.dumps(record, indent=2))

@@ -80,6 +80,23 @@ def test_the_report_renders_every_arm_the_sweep_and_c_against_a(tmp_path: Path) 
     assert (tmp_path / "beyond_imitation.png").stat().st_size > 0
 
 
+def test_an_arm_that_started_from_another_sweep_point_says_so_and_runs_on_its_clock(tmp_path: Path) -> None:
+    bench = _module()
+    _write_synthetic(tmp_path)
+    record = json.loads((tmp_path / "seed0" / "sft" / "result.json").read_text())
+    first = record["sweep"][0]  # --rl-start 20: the shorter point, not the best
+    assert bench.start_point(tmp_path, 0, 20) == first and bench.start_point(tmp_path, 0, None) == record["best"]
+    with pytest.raises(SystemExit, match="no such point .it swept 20, 40 steps"):
+        bench.start_point(tmp_path, 0, 80)
+    (tmp_path / "seed0" / "c" / "result.json").write_text(json.dumps({"before": 0.1, "after": 0.55, "start": first}))
+    text = bench.write_report(tmp_path, HEADER)
+    assert "(per call, episode advantage on every call), from SFT point s20-lr0.001 | 0 |" in text
+    assert "d: SFT, then GRPO on concatenated episodes (loss masked to own tokens) | 0 |" in text  # from the best
+    payload = json.loads((tmp_path / "beyond_imitation.json").read_text())
+    curve = next(r["curve"] for r in payload["rows"] if r["arm"] == "c")
+    assert curve == [[60.0, 0.25], [260.0, 0.55]]  # its clock starts where its own SFT point ended
+
+
 def test_a_sweep_is_read_from_the_command_line() -> None:
     bench = _module()
     assert bench.parse_sweep("40:1e-3, 80:3e-4") == ((40, 1e-3), (80, 3e-4))
@@ -92,11 +109,13 @@ def test_the_smoke_configuration_runs_sft_and_the_concatenated_arm(tmp_path: Pat
     pytest.importorskip("torch")
     bench = _module()
     out = tmp_path / "smoke"
-    assert bench.main(["--smoke", "--arms", "a,d", "--seeds", "0", "--out", str(out)]) == 0
+    # --rl-start 20: arm d starts from the sweep's first point (20 steps), which arm a keeps on disk
+    assert bench.main(["--smoke", "--arms", "a,d", "--seeds", "0", "--rl-start", "20", "--out", str(out)]) == 0
     text = (out / "beyond_imitation.md").read_text()
     assert "| a: SFT only" in text and "| d: SFT, then GRPO on concatenated" in text
     payload = json.loads((out / "beyond_imitation.json").read_text())
     assert {r["arm"] for r in payload["rows"]} == {"a", "d"}
     d = next(r for r in payload["rows"] if r["arm"] == "d")
     assert 1 <= d["steps"] <= 3 and len(d["curve"]) >= 2
-    assert (out / "seed0" / "sft" / "best").is_dir()
+    assert (out / "seed0" / "sft" / "best").is_dir() and (out / "seed0" / "sft" / "s20-lr0.001").is_dir()
+    assert json.loads((out / "seed0" / "d" / "result.json").read_text())["start"]["steps"] == 20
