@@ -479,7 +479,7 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
         "Task: two-operation calculator questions; demonstrations: " + _demonstrated(header) + "; "
         f"model `{header['model']}`; held-out: {header['n_test']} two-operation tasks, greedy; "
         f"RL arms: {header['budget_min']:g} min of training "
-        "each (evaluations excluded), from the seed's arm a.",
+        "each (evaluations excluded), from the seed's arm a unless the row names the SFT point it started from.",
         "",
         "| arm | seed | held-out before | after | gain | train wall | process wall | steps | tokens / update "
         "(sequence, forward) | peak memory |",
