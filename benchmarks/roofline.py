@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(Row(what, name, tps, flops / 1e9, bound / 1e9, note, peak))  # noqa: B023
             print(
                 f"  {what}: {tps:.0f} tokens/s, {flops / 1e9:.1f} GFLOP/s = {flops / bound:.0%} of bound "  # noqa: B023
-                f"(peak RSS {peak:.2f} GB)",
+                + ("" if args.profile else f"(peak RSS {peak:.2f} GB)"),
                 flush=True,
             )
             reset_peak_rss()
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         return "-" if args.profile else f"{r.peak_gb:.2f} GB"
 
     if args.profile:
-        print("(peak RSS not measured with --profile: the profiler's records stay resident)")
+        print("(peak RSS not measured with --profile: the profiler's records stay resident)\n")
     print("| what | dtype | tokens/s | GFLOP/s | bound GFLOP/s | of bound | peak RSS | what ran |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
