@@ -9,7 +9,7 @@ import threading
 from lightning_rl.store import MemoryStore
 from lightning_rl.store.client import StoreClient
 from lightning_rl.store.server import running_store_server
-from lightning_rl.tracing.writer import SpanWriter
+from lightning_rl.store.writer import SpanWriter
 from lightning_rl.types import Span
 
 from .conftest import claim_attempts

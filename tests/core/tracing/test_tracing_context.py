@@ -15,6 +15,7 @@ import pytest
 
 from lightning_rl import semconv
 from lightning_rl.store import MemoryStore
+from lightning_rl.store.writer import SpanWriter
 from lightning_rl.tracing import (
     bind_context,
     current_rollout,
@@ -26,7 +27,6 @@ from lightning_rl.tracing import (
     span,
     start_span,
 )
-from lightning_rl.tracing.writer import SpanWriter
 from lightning_rl.types import Claim, RolloutRequest, Span, Task
 
 

@@ -57,7 +57,7 @@ from lightning_rl.gateway.upstreams import (
 from lightning_rl.gateway.validation import check_chat_request, check_completion_request, check_responses_request
 from lightning_rl.seeding import CallSeeds
 from lightning_rl.store.base import LightningStore
-from lightning_rl.tracing.writer import SpanWriter
+from lightning_rl.store.writer import SpanWriter
 
 __all__ = ["GatewayConfig", "create_gateway_app"]
 

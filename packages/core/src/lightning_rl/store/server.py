@@ -1,7 +1,7 @@
 """Serve any ``LightningStore`` over HTTP, so runners on many machines share one store.
 
 The routes are the store protocol's, one per method (``client.ROUTES``, the table ``StoreClient``'s
-methods are made from), and standard OTLP/HTTP at ``POST /v1/traces`` (``lightning_rl.tracing.otlp``). A few rules
+methods are made from), and standard OTLP/HTTP at ``POST /v1/traces`` (see ``otlp``). A few rules
 keep the server honest under bad input and fast under load:
 
 * Every client mistake is a 4xx with ``{"error": {"type", "message"}}``: bodies that do not parse
@@ -36,9 +36,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightning_rl._serving import BearerAuth, read_body, send_json, serving, stop_on_signals, uvicorn_config
 from lightning_rl.errors import LightningError, http_status
+from lightning_rl.store import otlp
 from lightning_rl.store.base import LightningStore
 from lightning_rl.store.client import ROUTES, Route
-from lightning_rl.tracing import otlp
 
 __all__ = [
     "create_store_app",

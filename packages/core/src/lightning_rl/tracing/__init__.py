@@ -6,10 +6,6 @@ light built-in tracer (:func:`span`), and OpenTelemetry spans reach the store th
 :class:`LightningSpanProcessor`. Outside a rollout everything here is a silent no-op, so an
 instrumented agent runs unchanged in production.
 
-How spans travel is here too, on both sides of the store: ``tracing.writer.SpanWriter`` sends them
-from a process (runner, gateway) in the background, and ``tracing.otlp`` turns the OTLP/HTTP export
-requests the store server receives at ``/v1/traces`` into them. The store only keeps them.
-
 ``import lightning_rl.tracing`` does not import OpenTelemetry; ``LightningSpanProcessor`` and
 ``configure_opentelemetry`` load ``lightning_rl.tracing.otel`` on first access.
 """
