@@ -8,7 +8,7 @@ baseline row (every layer adapted, KL measured, 4,096-token micro-batches), or f
 (``compile_layers``: each decoder layer through ``torch.compile`` with dynamic shapes, an operator
 fusion the library does not do; its compile time falls in the warm-up update, which the table shows):
 
-    uv run python benchmarks/update_levers.py [--threads 2] [--variants all-layers,no-kl,...]
+    uv run python benchmarks/update_levers.py [--threads 2] [--variants 5,7]   # indices into VARIANTS
 
 The whole demo's figures, with the levers kept, come from ``benchmarks/learning.py`` (docs/models.md).
 """
