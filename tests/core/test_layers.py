@@ -13,8 +13,10 @@ The floors, lowest first, and why each sits where it does:
 
 0. foundations: errors, types, span names, extras, credentials, role selection, the HTTP serving
    helpers, the OpenAPI document builder and what core reads from a LangChain run;
-1. the store, the engine (generation), credit assignment and the rollout-as-one-sequence builder
-   (``sequences``) (pure functions on rewards and transitions);
+1. the store, the span carriers that feed it (``spans``: the batching writer the gateway, tracing and
+   the runner share, and the OTLP decoder the store server uses), the engine (generation), credit
+   assignment and the rollout-as-one-sequence builder (``sequences``) (pure functions on rewards and
+   transitions);
 2. the gateway (serves the engine or an upstream, writes spans to the store);
 3. the agent-side ``LLM`` handle (points at a gateway);
 4. what records agents: tracing, capture, the plugins' shared core;
@@ -53,6 +55,7 @@ FLOORS: dict[str, int] = {
     "lightning_rl._openapi": 0,
     "lightning_rl.langchain_runs": 0,
     "lightning_rl.store": 1,
+    "lightning_rl.spans": 1,
     "lightning_rl.engine": 1,
     "lightning_rl.credit": 1,
     "lightning_rl.sequences": 1,

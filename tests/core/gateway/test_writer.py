@@ -6,10 +6,10 @@ import asyncio
 import socket
 import threading
 
+from lightning_rl.spans import SpanWriter
 from lightning_rl.store import MemoryStore
 from lightning_rl.store.client import StoreClient
 from lightning_rl.store.server import running_store_server
-from lightning_rl.store.writer import SpanWriter
 from lightning_rl.types import Span
 
 from .conftest import claim_attempts

@@ -14,8 +14,8 @@ import threading
 import pytest
 
 from lightning_rl import semconv
+from lightning_rl.spans import SpanWriter
 from lightning_rl.store import MemoryStore
-from lightning_rl.store.writer import SpanWriter
 from lightning_rl.tracing import (
     bind_context,
     current_rollout,

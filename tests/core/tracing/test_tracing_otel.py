@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from lightning_rl import semconv
+from lightning_rl.spans import SpanWriter
 from lightning_rl.store import MemoryStore
-from lightning_rl.store.writer import SpanWriter
 from lightning_rl.tracing import LightningSpanProcessor, configure_opentelemetry, rollout_context
 from lightning_rl.types import RolloutRequest, Span, Task
 

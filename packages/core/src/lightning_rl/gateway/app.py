@@ -56,8 +56,8 @@ from lightning_rl.gateway.upstreams import (
 )
 from lightning_rl.gateway.validation import check_chat_request, check_completion_request, check_responses_request
 from lightning_rl.seeding import CallSeeds
+from lightning_rl.spans import SpanWriter
 from lightning_rl.store.base import LightningStore
-from lightning_rl.store.writer import SpanWriter
 
 __all__ = ["GatewayConfig", "create_gateway_app"]
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from lightning_rl import semconv as sc
 from lightning_rl.gateway.protocol import dumps
 from lightning_rl.gateway.upstreams import CallResult
-from lightning_rl.store.writer import SpanWriter
+from lightning_rl.spans import SpanWriter
 from lightning_rl.types import Span, SpanStatus
 
 __all__ = ["CallContext", "CallInfo", "Recorder", "build_llm_spans"]

@@ -52,8 +52,8 @@ from lightning_rl.agent import LLM, AgentFn, is_async_agent
 from lightning_rl.credentials import redact
 from lightning_rl.errors import IllegalTransitionError, NotFoundError, StoreUnavailableError
 from lightning_rl.runner._watchdog import AgentBlockedError, AgentFrame, LoopWatchdog
+from lightning_rl.spans import SpanWriter
 from lightning_rl.store.base import DEFAULT_HEARTBEAT_TIMEOUT_S, LightningStore
-from lightning_rl.store.writer import SpanWriter
 from lightning_rl.tracing import RolloutContext, emit_span, rollout_context, span
 from lightning_rl.tracing._tracer import as_reward
 from lightning_rl.types import AttemptStatus, Claim, Resources, Rollout

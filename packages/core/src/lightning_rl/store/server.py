@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightning_rl._serving import BearerAuth, read_body, send_json, serving, stop_on_signals, uvicorn_config
 from lightning_rl.errors import LightningError, http_status
-from lightning_rl.store import otlp
+from lightning_rl.spans import otlp
 from lightning_rl.store.base import LightningStore
 from lightning_rl.store.client import ROUTES, Route
 
