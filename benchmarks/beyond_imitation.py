@@ -4,7 +4,10 @@ The task (``lightning_rl.demo.two_step``): two-operation calculator questions ("
 plus 5?") that need two tool calls in a row, while the demonstrations show mostly one-operation
 questions (one call, then the report) and ``--two-op-demos`` two-operation ones, turn by turn (with
 none, the SFT model never calls twice and RL has nothing to reinforce: docs/beyond_imitation.md). No
-arm starts from a deliberately degraded model. Per seed:
+arm starts from a deliberately degraded model. ``--task retry`` (``lightning_rl.demo.retry``) asks
+instead for recovery from a flaky tool: one-operation questions whose calculator fails transiently on
+its first call on a ``--fail-rate`` share of them, while the demonstrations (the same one-operation
+ones) never show a failure. Per seed:
 
 - **a** SFT only: ``sft_on_chats`` on the demonstrations for each (steps, lr) of ``--sweep``, each
   scored greedily on the validation split; the best is arm a, and the start of every other arm.
@@ -91,6 +94,10 @@ class Preset:
     max_steps: int = 1000
     rft_lr: float | None = None
     """Rejection-sampling SFT's learning rate (None: the RL one)."""
+    task: str = "two-step"
+    """``two-step`` (``lightning_rl.demo.two_step``) or ``retry`` (``lightning_rl.demo.retry``)."""
+    fail_rate: float = 0.5
+    """``retry``: the share of questions whose tool fails transiently on the first call."""
 
 
 def preset(model: str, smoke: bool) -> Preset:
@@ -156,6 +163,13 @@ def settings(args: argparse.Namespace) -> Preset:
             changes[name] = getattr(args, name)
     if args.two_op_demos is not None:
         changes["n_demo_two"] = args.two_op_demos
+    if args.task == "retry":
+        if not 0.0 <= args.fail_rate <= 1.0:
+            raise SystemExit(f"--fail-rate {args.fail_rate}: give a share of questions between 0 and 1")
+        if p.n_demo_two or args.two_op_demos:
+            raise SystemExit("--two-op-demos is for --task two-step; --task retry demonstrates one operation only")
+        # 588 distinct one-operation questions in all: the demonstrations' 300 leave room for 100 RL tasks
+        changes |= {"task": "retry", "fail_rate": args.fail_rate, "n_train": min(p.n_train, 100)}
     return dataclasses.replace(p, **changes)
 
 
@@ -192,10 +206,13 @@ def evaluate(p: Preset, model: str, run_dir: Path, seed: int, tasks: list[Any]) 
 
 
 def splits(p: Preset, seed: int) -> Any:
-    """The seed's ``TwoStepSplits`` at the preset's sizes."""
+    """The seed's ``TwoStepSplits`` at the preset's sizes, for the preset's task."""
+    from lightning_rl.demo.retry import retry_splits
     from lightning_rl.demo.two_step import two_step_splits
 
     sizes = {"n_demo": p.n_demo, "n_train": p.n_train, "n_val": p.n_val, "n_test": p.n_test}
+    if p.task == "retry":
+        return retry_splits(seed, **sizes, fail_rate=p.fail_rate)
     return two_step_splits(seed, **sizes, n_demo_two=p.n_demo_two)
 
 
@@ -393,7 +410,7 @@ def run_child(args: argparse.Namespace, out: Path, seed: int, arm: str) -> tuple
         str(args.budget_min),
     ]
     cmd += ["--smoke"] if args.smoke else []
-    for name in ("sweep", "n_test", "n_val", "val_every", "max_steps", "two_op_demos", "rl_start"):
+    for name in ("sweep", "n_test", "n_val", "val_every", "max_steps", "two_op_demos", "rl_start", "task", "fail_rate"):
         if getattr(args, name) is not None:
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     env = dict(os.environ)
@@ -455,6 +472,21 @@ def _num(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
+def _task_line(header: dict[str, Any]) -> str:
+    """What the table's runs were trained and scored on."""
+    if header.get("task", "two-step") == "retry":
+        rate = float(header.get("fail_rate", 0.5))
+        return (
+            f"Task: one-operation calculator questions, the tool failing transiently on the first call of {rate:.0%} "
+            "of them (lightning_rl.demo.retry); demonstrations: " + _demonstrated(header) + ", none with a failure; "
+            f"model `{header['model']}`; held-out: {header['n_test']} such questions, greedy; "
+        )
+    return (
+        "Task: two-operation calculator questions; demonstrations: " + _demonstrated(header) + "; "
+        f"model `{header['model']}`; held-out: {header['n_test']} two-operation tasks, greedy; "
+    )
+
+
 def _demonstrated(header: dict[str, Any]) -> str:
     one = f"{header.get('n_demo', 300)} one-operation questions"
     two = int(header.get("n_demo_two", 0))
@@ -476,9 +508,7 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
         f"Generated {header['date']} at commit `{header['commit']}` by `{header['command']}` ({header['machine']}).",
         *_runs_by(header),
         "",
-        "Task: two-operation calculator questions; demonstrations: " + _demonstrated(header) + "; "
-        f"model `{header['model']}`; held-out: {header['n_test']} two-operation tasks, greedy; "
-        f"RL arms: {header['budget_min']:g} min of training "
+        _task_line(header) + f"RL arms: {header['budget_min']:g} min of training "
         "each (evaluations excluded), from the seed's arm a unless the row names the SFT point it started from.",
         "",
         "| arm | seed | held-out before | after | gain | train wall | process wall | steps | tokens / update "
@@ -517,16 +547,18 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
     if both:
         diffs = ", ".join(f"seed {s}: {c[s] - a[s]:+.2f}" for s in both)
         lines.append(f"Arm c minus arm a, held-out: {diffs}.")
+    retry = header.get("task", "two-step") == "retry"
+    task, healthy = ("flaky tool", ", tool never failing") if retry else ("two operations", "")
     for r in by_arm.get("d", []):
         if r.joins:
             joined = ", ".join(f"{k} {v:.0f}" for k, v in r.joins.items())
             lines.append(f"Arm d, seed {r.seed}: joins between consecutive calls: {joined} (lightning_rl.sequences).")
     lines += [
         "",
-        "SFT sweep (validation splits, greedy; the best two-operation score, ties broken by the one-operation "
-        "score, the imitation of the demonstrations; the best is arm a):",
+        f"SFT sweep (validation splits, greedy; the best {task} score, ties broken by the one-operation "
+        f"score{healthy}, the imitation of the demonstrations; the best is arm a):",
         "",
-        "| seed | steps | lr | validation (two operations) | validation (one operation) | SFT wall | chosen |",
+        f"| seed | steps | lr | validation ({task}) | validation (one operation{healthy}) | SFT wall | chosen |",
         "|---:|---:|---:|---:|---:|---:|---|",
     ]
     for sft in sfts:
@@ -712,7 +744,8 @@ def transcripts(out: Path, seed: int, n: int, arm: str = "c") -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="tiny, smollm2-135m, or an HF folder")
     ap.add_argument(
@@ -734,6 +767,19 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="two-operation tasks demonstrated (every turn) among the one-operation ones (default 0: none)",
+    )
+    ap.add_argument(
+        "--task",
+        choices=("two-step", "retry"),
+        default="two-step",
+        help="two-step: two-operation questions (lightning_rl.demo.two_step); retry: one-operation questions "
+        "with a tool that fails transiently (lightning_rl.demo.retry)",
+    )
+    ap.add_argument(
+        "--fail-rate",
+        type=float,
+        default=0.5,
+        help="--task retry: share of questions whose tool fails on the first call (default 0.5)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
     ap.add_argument("--report", action="store_true", help="run nothing: re-render the table from --out")
@@ -761,6 +807,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.smoke:
         args.model = "tiny"
@@ -799,6 +850,8 @@ def main(argv: list[str] | None = None) -> int:
         "n_demo": p.n_demo,
         "n_demo_two": p.n_demo_two,
         "budget_min": args.budget_min,
+        "task": p.task,
+        "fail_rate": p.fail_rate,
     }
     record = out / "invocations.json"  # every invocation that ran something here: --report's header reads them
     runs: list[dict[str, Any]] = json.loads(record.read_text()) if record.exists() else []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,24 @@ def test_the_smoke_configuration_runs_sft_and_the_concatenated_arm(tmp_path: Pat
     assert 1 <= d["steps"] <= 3 and len(d["curve"]) >= 2
     assert (out / "seed0" / "sft" / "best").is_dir() and (out / "seed0" / "sft" / "s20-lr0.001").is_dir()
     assert json.loads((out / "seed0" / "d" / "result.json").read_text())["start"]["steps"] == 20
+
+
+def test_the_retry_task_is_named_in_the_report_and_its_settings_are_checked(tmp_path: Path) -> None:
+    bench = _module()
+    _write_synthetic(tmp_path)
+    text = bench.write_report(tmp_path, HEADER | {"task": "retry", "fail_rate": 0.5})
+    assert "Task: one-operation calculator questions, the tool failing transiently on the first call of 50%" in text
+    assert "demonstrations: 300 one-operation questions only, none with a failure" in text
+    assert "| validation (flaky tool) | validation (one operation, tool never failing) |" in text
+    assert "Task: two-operation calculator questions" in bench.write_report(tmp_path, HEADER)  # the default
+
+    def parsed(*extra: str) -> Any:
+        args = ["--model", "smollm2-135m", "--out", str(tmp_path / "x"), *extra]
+        return bench.settings(bench.build_parser().parse_args(args))
+
+    retry = parsed("--task", "retry", "--fail-rate", "0.3")
+    assert (retry.task, retry.fail_rate, retry.n_train, retry.n_demo_two) == ("retry", 0.3, 100, 0)
+    with pytest.raises(SystemExit, match="between 0 and 1"):
+        parsed("--task", "retry", "--fail-rate", "1.5")
+    with pytest.raises(SystemExit, match="one operation only"):
+        parsed("--task", "retry", "--two-op-demos", "5")

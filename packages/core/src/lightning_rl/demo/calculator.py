@@ -10,7 +10,9 @@ parameters learns only slowly.)
 A *chained* task (``lightning_rl.demo.two_step``) lists its numbers under ``operands`` and offers
 ``CHAINED_CALCULATOR_TOOL`` instead: the first call applies its operation to the first two numbers,
 each later call to the previous result and the next number, so "What is 7 times 12, plus 5?" takes two
-calls in a row. A task without ``operands`` runs exactly as before.
+calls in a row. A task without ``operands`` runs exactly as before. A task with ``failures: n``
+(``lightning_rl.demo.retry``) has a tool that fails transiently: its first ``n`` calls answer an error
+that says to call again, and only then the result.
 
 The demonstrations used to warm-start the tiny model reproduce a failure common to real agents:
 the demonstrator often answers "from memory" instead of calling its tool, and those answers are
@@ -46,6 +48,7 @@ __all__ = [
     "after_tool_call",
     "tool_call_text",
     "score_answer",
+    "TransientToolError",
 ]
 
 SYSTEM_PROMPT = "Use the calculator tool, then answer."
@@ -92,18 +95,29 @@ def score_answer(text: str | None, answer: int) -> float:
     return 1.0 if numbers and int(numbers[-1]) == answer else 0.0
 
 
+class TransientToolError(RuntimeError):
+    """The calculator failed for a reason of its own (busy, unreachable): the same call, made again,
+    can succeed. Not the model's mistake, so it emits no ``tool_error`` signal."""
+
+
 class _Operands:
     """What each calculator call applies its operation to: the task's ``a`` and ``b`` every time, or, for a
-    chained task (``operands``), the first two numbers, then the previous result and the next number."""
+    chained task (``operands``), the first two numbers, then the previous result and the next number.
+    The first ``failures`` calls of a task fail transiently, whatever they ask."""
 
     def __init__(self, task: dict[str, Any]) -> None:
         listed = task.get("operands")
         self.chained = listed is not None
         self.numbers = [int(x) for x in listed] if listed is not None else [int(task["a"]), int(task["b"])]
         self.value, self.used = self.numbers[0], 1
+        self.failures = int(task.get("failures", 0))
 
     def apply(self, operation: str) -> str:
-        """The tool's result; ``ValueError`` for an unknown operation or a call past the last number."""
+        """The tool's result; ``ValueError`` for an unknown operation or a call past the last number,
+        ``TransientToolError`` while the task's transient failures last."""
+        if self.failures > 0:
+            self.failures -= 1
+            raise TransientToolError("the calculator is busy right now (a transient failure); call it again")
         if not self.chained:
             return calculator(operation, self.numbers[0], self.numbers[1])
         if self.used >= len(self.numbers):
@@ -123,7 +137,8 @@ async def calculator_agent(task: dict[str, Any], llm: LLM) -> float:
     operands = _Operands(task)
     tool = CHAINED_CALCULATOR_TOOL if operands.chained else CALCULATOR_TOOL
     # a chained task: one call per operation, the answer, and one turn to spare for a failed call
-    turns = len(operands.numbers) + 1 if operands.chained else MAX_TURNS
+    # (and one more for each transient failure of the tool)
+    turns = (len(operands.numbers) + 1 if operands.chained else MAX_TURNS) + operands.failures
     try:
         for _ in range(turns):
             response = await client.chat.completions.create(
@@ -140,6 +155,8 @@ async def calculator_agent(task: dict[str, Any], llm: LLM) -> float:
                         raise ValueError("unknown tool; the only tool is 'calculator'")
                     operation = str(json.loads(call.function.arguments).get("operation", ""))
                     result = operands.apply(operation)
+                except TransientToolError as exc:  # the tool's failure, not the model's: no AIR signal
+                    result = f"error: {exc}"
                 except (ValueError, TypeError, AttributeError, json.JSONDecodeError) as exc:
                     emit_signal("tool_error", 1.0, tool_call_id=call.id)
                     result = f"error: {exc}"
