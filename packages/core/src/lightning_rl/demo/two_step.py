@@ -11,7 +11,9 @@ RL adds over imitation (issue 41, ``benchmarks/beyond_imitation.py``, docs/beyon
 Why this task rather than a tool that fails transiently, or a choice of whether to call at all: the
 move RL has to find is a single, well-defined one (call again, with the second operation), the
 reward says exactly whether it was found, and imitation cannot reach it by construction, since the
-demonstrations never show a call after a tool result. The agent is the demo's unchanged
+demonstrations never show a call after a tool result. (A few more SFT steps on a few two-operation
+demonstrations then beat RL on every attempt, docs/beyond_imitation.md; the second task,
+``lightning_rl.demo.retry``, is the flaky tool.) The agent is the demo's unchanged
 ``calculator_agent``: a task that lists its ``operands`` switches it to the chained tool.
 
 Every split is deterministic in the seed: the one-operation tasks the demonstrations are written
