@@ -166,8 +166,6 @@ def settings(args: argparse.Namespace) -> Preset:
     if args.task == "retry":
         if not 0.0 <= args.fail_rate <= 1.0:
             raise SystemExit(f"--fail-rate {args.fail_rate}: give a share of questions between 0 and 1")
-        if p.n_demo_two or args.two_op_demos:
-            raise SystemExit("--two-op-demos is for --task two-step; --task retry demonstrates one operation only")
         # 588 distinct one-operation questions in all: the demonstrations' 300 leave room for 100 RL tasks
         changes |= {"task": "retry", "fail_rate": args.fail_rate, "n_train": min(p.n_train, 100)}
     return dataclasses.replace(p, **changes)
@@ -212,7 +210,7 @@ def splits(p: Preset, seed: int) -> Any:
 
     sizes = {"n_demo": p.n_demo, "n_train": p.n_train, "n_val": p.n_val, "n_test": p.n_test}
     if p.task == "retry":
-        return retry_splits(seed, **sizes, fail_rate=p.fail_rate)
+        return retry_splits(seed, **sizes, fail_rate=p.fail_rate, n_demo_two=p.n_demo_two)
     return two_step_splits(seed, **sizes, n_demo_two=p.n_demo_two)
 
 

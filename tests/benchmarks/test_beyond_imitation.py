@@ -139,5 +139,4 @@ def test_the_retry_task_is_named_in_the_report_and_its_settings_are_checked(tmp_
     assert (retry.task, retry.fail_rate, retry.n_train, retry.n_demo_two) == ("retry", 0.3, 100, 0)
     with pytest.raises(SystemExit, match="between 0 and 1"):
         parsed("--task", "retry", "--fail-rate", "1.5")
-    with pytest.raises(SystemExit, match="one operation only"):
-        parsed("--task", "retry", "--two-op-demos", "5")
+    assert parsed("--task", "retry", "--two-op-demos", "5").n_demo_two == 5

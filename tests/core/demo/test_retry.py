@@ -39,6 +39,10 @@ def test_splits_are_disjoint_deterministic_and_fail_at_the_rate_asked() -> None:
     assert all(t.input["failures"] == 0 for t in split.val_one)
     for demo in one_step_demonstrations(split.demo, seed=3):  # no demonstration shows an error
         assert all("error" not in str(m.get("content", "")) for m in demo.messages if m["role"] == "tool")
+    # two-operation demonstrations show a call after a tool result, never after an error
+    mixed = retry_splits(3, n_demo=200, n_train=100, n_val=50, n_test=200, n_demo_two=5)
+    assert (mixed.train, mixed.test, mixed.demo) == (split.train, split.test, split.demo)
+    assert len(mixed.demo_two) == 5 and all(len(t.input["operands"]) == 3 for t in mixed.demo_two)
     with pytest.raises(ValueError, match="distinct"):
         retry_splits(0, n_demo=300, n_train=300)
     with pytest.raises(ValueError, match="fail_rate"):

@@ -16,6 +16,10 @@ message, and the error itself says to make it. How often the SFT policy samples 
 decides whether RL can start; ``beyond_imitation.py --calls`` counts it per step (two calls on a question
 whose tool failed once is a retry).
 
+``n_demo_two`` adds two-operation questions demonstrated turn by turn (``two_step_demonstrations``): a
+call after a tool *result*, still never after an error, so the policy has a second call in its
+repertoire without being shown when a failure calls for one.
+
 The splits are deterministic in the seed: ``demo`` (the demonstrations' questions, never failing),
 disjoint ``train``, ``val`` and ``test`` questions whose ``failures`` is 1 with probability ``fail_rate``,
 else 0, and ``val_one``: the validation questions with a tool that never fails (how well a model
@@ -52,10 +56,18 @@ def with_failures(tasks: list[Task], *, fail_rate: float, seed: int) -> list[Tas
 
 
 def retry_splits(
-    seed: int, *, n_demo: int = 300, n_train: int = 100, n_val: int = 50, n_test: int = 100, fail_rate: float = 0.5
+    seed: int,
+    *,
+    n_demo: int = 300,
+    n_train: int = 100,
+    n_val: int = 50,
+    n_test: int = 100,
+    fail_rate: float = 0.5,
+    n_demo_two: int = 0,
 ) -> TwoStepSplits:
-    """The splits of ``seed`` (see the module docstring). ``demo_two`` is empty: no demonstration shows a
-    failure, or anything after one.
+    """The splits of ``seed`` (see the module docstring). ``demo_two`` holds ``n_demo_two`` two-operation
+    questions (``two_step_demonstrations`` shows them turn by turn: a call after a tool result, which
+    none of the one-operation demonstrations shows); no demonstration shows a failure.
 
     Raises:
         ValueError: the splits ask for more than the 588 distinct questions, or ``fail_rate`` is outside [0, 1].
@@ -65,4 +77,5 @@ def retry_splits(
     flaky = with_failures(rest, fail_rate=fail_rate, seed=seed + 20_000)
     train, val, test = flaky[:n_train], flaky[n_train : n_train + n_val], flaky[n_train + n_val :]
     val_one = with_failures(rest[n_train : n_train + n_val], fail_rate=0.0, seed=seed)
-    return TwoStepSplits(demo, train, val, test, val_one)
+    two = make_chained_tasks(n_demo_two, operations=2, seed=seed + 10_000) if n_demo_two else []
+    return TwoStepSplits(demo, train, val, test, val_one, two)
