@@ -588,7 +588,7 @@ def _short_sweeps(rows: list[Row], sfts: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def plot(rows: list[Row], path: Path) -> bool:
+def plot(rows: list[Row], path: Path, task: str = "two-step") -> bool:
     """Held-out reward over training time, one colour per arm, one line per seed; False without matplotlib."""
     try:
         import matplotlib
@@ -613,7 +613,8 @@ def plot(rows: list[Row], path: Path) -> bool:
     ax.set_xlabel("training time (minutes; SFT, then the arm; evaluations excluded)")
     ax.set_ylabel("held-out reward (greedy)")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Two-operation calculator: held-out reward per arm")
+    name = "A flaky calculator" if task == "retry" else "Two-operation calculator"
+    ax.set_title(f"{name}: held-out reward per arm")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -630,7 +631,7 @@ def write_report(out: Path, header: dict[str, Any]) -> str:
     (out / "beyond_imitation.md").write_text(text)
     payload = {**header, "rows": [dataclasses.asdict(r) | {"gain": r.gain} for r in rows], "sft": sfts}
     (out / "beyond_imitation.json").write_text(json.dumps(payload, indent=2))
-    plot(rows, out / "beyond_imitation.png")
+    plot(rows, out / "beyond_imitation.png", str(header.get("task", "two-step")))
     return text
 
 
