@@ -182,6 +182,44 @@ def test_kl_every_measures_the_kl_on_every_nth_update_from_the_first_updates_sta
         TorchBackendConfig(kl_every=0)
 
 
+def test_kl_rows_measures_the_kl_on_a_subset_of_the_batch_with_a_pass_over_those_rows_only(
+    tiny_model_path: Path,
+) -> None:
+    batch = _batch()
+    start = _policy(tiny_model_path).logprobs(batch)
+    sampled = _policy(tiny_model_path, old_logprobs="recompute", lr=1e-2, kl_rows=2)
+    passes: list[int] = []
+    measure = sampled._logprobs_of  # pyright: ignore[reportPrivateUsage]
+
+    def counted(model: torch.nn.Module, transitions: Any) -> list[list[float]]:
+        passes.append(len(transitions))
+        return measure(model, transitions)
+
+    sampled._logprobs_of = counted  # pyright: ignore[reportPrivateUsage]
+    sampled.update(batch)
+    before = sampled.logprobs(batch)  # the policy the second update's forward pass runs
+    passes.clear()
+    got = sampled.update(batch)["train/kl_to_start"]
+    assert passes == [2]  # the start's no-grad pass ran on the two measured rows only
+
+    def k3(row: int) -> list[float]:
+        return [math.exp(s - p) - (s - p) - 1 for s, p in zip(start[row], before[row], strict=True)]
+
+    def mean(rows: tuple[int, ...]) -> float:
+        values = [v for r in rows for v in k3(r)]
+        return sum(values) / len(values)
+
+    # the reported figure is the token mean over some two rows, not over all six
+    pairs = [(i, j) for i in range(6) for j in range(i + 1, 6)]
+    assert any(mean(pair) == pytest.approx(got, rel=1e-3) for pair in pairs)
+    assert mean(tuple(range(6))) != pytest.approx(got, rel=1e-3)
+    whole = _policy(tiny_model_path, old_logprobs="recompute", lr=1e-2, kl_rows=6)
+    whole.update(batch)
+    assert whole.update(batch)["train/kl_to_start"] == pytest.approx(mean(tuple(range(6))), rel=1e-3)
+    with pytest.raises(ValueError, match="kl_rows must be >= 0"):
+        TorchBackendConfig(kl_rows=-1)
+
+
 # --- sft: progress callback and one batch stream per backend ------------------------------------
 
 

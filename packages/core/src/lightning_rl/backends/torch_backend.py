@@ -151,6 +151,12 @@ class TorchBackendConfig:
     """With ``track_kl`` (and no ``kl_coef``), measure ``train/kl_to_start`` on every ``kl_every``-th
     update only: it costs a no-grad forward over the batch, about a third of a LoRA update's time
     (``benchmarks/update_levers.py``). The penalty of ``kl_coef > 0`` is always computed."""
+    kl_rows: int = 0
+    """With ``track_kl`` (and no ``kl_coef``): measure ``train/kl_to_start`` on at most this many
+    transitions of the batch, drawn at random per update (seeded by ``seed`` and the step), instead of
+    all of them (0). The diagnostic then averages over fewer tokens, an estimate of the same mean,
+    and its no-grad forward costs that fraction of a whole pass (the SmolLM2 demo measures 16 of
+    ~100: docs/models.md). The penalty of ``kl_coef > 0`` needs every row and ignores this."""
     shared_prefix: int = 0
     """0 runs every sequence whole. ``n > 0``: when the prompts of a micro-batch start with the same
     ``n`` or more tokens (an agent's system prompt and tool list), that prefix is run once, with
@@ -181,6 +187,8 @@ class TorchBackendConfig:
             raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}.")
         if self.kl_every < 1:
             raise ValueError(f"kl_every must be >= 1 (1 measures the KL at every update), got {self.kl_every}.")
+        if isinstance(self.kl_rows, bool) or self.kl_rows < 0:
+            raise ValueError(f"kl_rows must be >= 0 (0 measures the KL on every transition), got {self.kl_rows!r}.")
         layers = self.lora_layers
         if isinstance(layers, bool) or (isinstance(layers, int) and layers < 1):
             raise ValueError(f"lora_layers as a number is how many top layers get adapters (>= 1), got {layers!r}.")
@@ -465,11 +473,13 @@ class TorchBackend:
                     f"transition {t.span_id}: {len(o)} logprobs for {len(t.response_ids)} response tokens."
                 )
         start = self._start_logprobs(usable)
-        ref = start if cfg.kl_coef > 0 else None
+        ref: list[list[float]] | None = None
+        if cfg.kl_coef > 0 and start is not None:  # the reference's logprobs: every row is measured
+            ref = [lp for lp in start if lp is not None]
         totals: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0}
         # diagnostics, summed over the response tokens of the first epoch (each token seen once)
         entropy_sum = kl_start_sum = 0.0
-        diag_tokens = 0
+        diag_tokens = kl_tokens = 0
         forward_tokens = 0  # padded tokens of every forward pass of the update (what the cost grows with)
         grad_norms: list[float] = []
         n_steps = 0
@@ -498,12 +508,21 @@ class TorchBackend:
                         entropy_sum += float((entropy * trained).sum())
                         diag_tokens += int(trained.sum())
                         if start is not None:
+                            # rows left out of the measurement (kl_rows) get a placeholder and weight 0
                             start_flat = torch.tensor(
-                                [x for r in rows for x in start[r]], dtype=torch.float32, device=self.device
+                                [x for r in rows for x in (start[r] or [0.0] * len(usable[r].response_ids))],
+                                dtype=torch.float32,
+                                device=self.device,
+                            )
+                            measured = trained * torch.tensor(
+                                [float(start[r] is not None) for r in rows for _ in usable[r].response_ids],
+                                dtype=torch.float32,
+                                device=self.device,
                             )
                             # a token outside both nuclei (top-p) has logprob -inf on each side: no KL there
                             kl = torch.nan_to_num(kl_k3(logp.detach(), start_flat), nan=0.0)
-                            kl_start_sum += float((kl * trained).sum())
+                            kl_start_sum += float((kl * measured).sum())
+                            kl_tokens += int(measured.sum())
                     flat = _flat(
                         [old[r] for r in rows],
                         [[usable[r].advantage] * len(usable[r].response_ids) for r in rows],
@@ -532,7 +551,7 @@ class TorchBackend:
         n_tokens = sum(t.trained_tokens for t in usable)
         diagnostics = {"train/entropy": entropy_sum / diag_tokens}
         if start is not None:
-            diagnostics["train/kl_to_start"] = kl_start_sum / diag_tokens
+            diagnostics["train/kl_to_start"] = kl_start_sum / kl_tokens if kl_tokens else float("nan")
         return {
             **{f"train/{k}": v for k, v in totals.items()},
             **diagnostics,
@@ -789,24 +808,34 @@ class TorchBackend:
             self._sft_rng.setstate(state["sft_rng"])
 
     # --- internals ----------------------------------------------------------------------------
-    def _start_logprobs(self, transitions: Sequence[Transition]) -> list[list[float]] | None:
-        """Logprobs under the starting policy (no gradient), or None when KL is not tracked.
+    def _start_logprobs(self, transitions: Sequence[Transition]) -> list[list[float] | None] | None:
+        """Logprobs under the starting policy (no gradient), or None when KL is not tracked; with
+        ``kl_rows``, None in place of each transition left out of the measurement.
 
         The ``kl_coef`` reference serves both the penalty and the diagnostic; otherwise the frozen
         copy of ``track_kl``, or, under LoRA, the model with its adapters off (the adapters start
         as a no-op, so the base model is exactly the starting policy)."""
-        if self.reference is not None:
-            return self._logprobs_of(self.reference, transitions)
+        if self.reference is not None:  # the penalty's reference: every row
+            return [*self._logprobs_of(self.reference, transitions)]
         if not self.config.track_kl:
             return None
         self._snapshot_start()  # at the first update, measured or not: it is the start
         if (self.step + 1) % self.config.kl_every:
             return None
+        rows = list(range(len(transitions)))
+        if 0 < self.config.kl_rows < len(rows):
+            rows = sorted(random.Random(self.config.seed * 1_000_003 + self.step).sample(rows, self.config.kl_rows))
+        chosen = [transitions[i] for i in rows]
         if self.config.lora_rank > 0:
             with self.model.disable_adapter():  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportCallIssue]
-                return self._logprobs_of(self.model, transitions)
-        assert self._start is not None
-        return self._logprobs_of(self._start, transitions)
+                measured = self._logprobs_of(self.model, chosen)
+        else:
+            assert self._start is not None
+            measured = self._logprobs_of(self._start, chosen)
+        out: list[list[float] | None] = [None] * len(transitions)
+        for i, lp in zip(rows, measured, strict=True):
+            out[i] = lp
+        return out
 
     def _frozen_start_logprobs(self, transitions: Sequence[Transition]) -> list[list[float]]:
         """Logprobs under the starting policy whatever ``track_kl`` says (DPO's reference needs one).

@@ -119,6 +119,8 @@ class DemoConfig:
     (``None``: all); the warm start adapts every layer."""
     kl_every: int = 1
     """``TorchBackendConfig.kl_every``: measure ``train/kl_to_start`` on every ``kl_every``-th update."""
+    kl_rows: int = 0
+    """``TorchBackendConfig.kl_rows``: measure ``train/kl_to_start`` on this many transitions of the batch (0: all)."""
     shared_prefix: int = 0
     """``TorchBackendConfig.shared_prefix``: run the system prompt + tool list once per micro-batch."""
     tool_token: str = "<tool_call>"
@@ -152,7 +154,7 @@ class DemoConfig:
         to bring the tool back. Why each number: docs/models.md."""
         settings: dict[str, Any] = {
             "model": "smollm2-135m",
-            "steps": 8,
+            "steps": 6,
             "batch_size": 8,
             "group_size": 8,
             "n_train": 200,
@@ -169,10 +171,11 @@ class DemoConfig:
             "sft_lr": 1e-3,
             "habit_lr": 3e-4,
             "rl_lr": 5e-4,
-            "val_every": 4,
+            "val_every": 3,
             "lora_rank": 16,
             "lora_layers": 15,
-            "kl_every": 4,
+            "kl_every": 3,
+            "kl_rows": 16,
             "shared_prefix": 64,
             "micro_batch_tokens": 2048,
             "tool_token": "<",
@@ -274,6 +277,7 @@ def demo_trainer_config(model: str, run_dir: str, cfg: DemoConfig, **overrides: 
             lora_alpha=2 * cfg.lora_rank if cfg.lora_rank else 16,
             lora_layers=cfg.lora_layers,
             kl_every=cfg.kl_every,
+            kl_rows=cfg.kl_rows,
             shared_prefix=cfg.shared_prefix,
             micro_batch_tokens=cfg.micro_batch_tokens,
         ),
