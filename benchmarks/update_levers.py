@@ -6,7 +6,9 @@ LoRA rank 16, shared prefix, recomputed old logprobs), once per variant, each in
 so that its peak resident memory (``ru_maxrss``) is its own. Every variant changes one thing from the
 baseline row (every layer adapted, KL measured, 4,096-token micro-batches), or from the kept levers
 (``compile_layers``: each decoder layer through ``torch.compile`` with dynamic shapes, an operator
-fusion the library does not do; its compile time falls in the warm-up update, which the table shows):
+fusion the library does not do; its compile time falls in the warm-up update, which the table shows),
+or from the demo's settings (the last three: what measuring ``train/kl_to_start`` costs, on the whole
+batch and on ``kl_rows = 16`` of its 120 rows):
 
     uv run python benchmarks/update_levers.py [--threads 2] [--variants 5,7]   # indices into VARIANTS
 
@@ -36,6 +38,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "top 15 layers adapted (kept)": {"track_kl": False, "lora_layers": 15},
     "top 10 layers adapted": {"track_kl": False, "lora_layers": 10},
     "top 15, each layer compiled": {"track_kl": False, "lora_layers": 15, "compile_layers": True},
+    # the demo's settings (top 15, 2,048-token micro-batches) without, with a whole and with a sampled KL pass
+    "demo settings, no KL measured": {"track_kl": False, "lora_layers": 15, "micro_batch_tokens": 2048},
+    "demo settings, KL measured on every row": {"lora_layers": 15, "micro_batch_tokens": 2048},
+    "demo settings, KL measured on 16 rows (kept)": {"lora_layers": 15, "micro_batch_tokens": 2048, "kl_rows": 16},
 }
 
 
