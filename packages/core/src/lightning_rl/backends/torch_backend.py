@@ -825,13 +825,7 @@ class TorchBackend:
         rows = list(range(len(transitions)))
         if 0 < self.config.kl_rows < len(rows):
             rows = sorted(random.Random(self.config.seed * 1_000_003 + self.step).sample(rows, self.config.kl_rows))
-        chosen = [transitions[i] for i in rows]
-        if self.config.lora_rank > 0:
-            with self.model.disable_adapter():  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportCallIssue]
-                measured = self._logprobs_of(self.model, chosen)
-        else:
-            assert self._start is not None
-            measured = self._logprobs_of(self._start, chosen)
+        measured = self._frozen_start_logprobs([transitions[i] for i in rows])  # the same start, no copy made
         out: list[list[float] | None] = [None] * len(transitions)
         for i, lp in zip(rows, measured, strict=True):
             out[i] = lp
