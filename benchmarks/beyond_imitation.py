@@ -133,7 +133,9 @@ def preset(model: str, smoke: bool) -> Preset:
             "precision",
             "max_tokens",
         )
-        demo = {k: getattr(base, k) for k in keys} | {"max_tokens": 64}
+        # kl_every 4: what issue 41's published arms ran with (the demo's preset has since moved to 3;
+        # the KL is only measured here, so the value changes the arms' time, not their updates)
+        demo = {k: getattr(base, k) for k in keys} | {"max_tokens": 64, "kl_every": 4}
         # up to about the RL arms' training time: a shorter sweep hides what imitation alone reaches
         sweep = ((40, 1e-3), (80, 1e-3), (160, 1e-3), (320, 1e-3))
         return Preset(model, demo, sweep, sft_batch_size=8, n_val=50, n_test=100, val_every=4)
@@ -163,6 +165,10 @@ def settings(args: argparse.Namespace) -> Preset:
             changes[name] = getattr(args, name)
     if args.two_op_demos is not None:
         changes["n_demo_two"] = args.two_op_demos
+    if args.group_size is not None:
+        if args.group_size < 2:
+            raise SystemExit(f"--group-size {args.group_size}: GRPO needs at least 2 rollouts per task")
+        changes["demo"] = p.demo | {"group_size": args.group_size}
     if args.task == "retry":
         if not 0.0 <= args.fail_rate <= 1.0:
             raise SystemExit(f"--fail-rate {args.fail_rate}: give a share of questions between 0 and 1")
@@ -408,7 +414,18 @@ def run_child(args: argparse.Namespace, out: Path, seed: int, arm: str) -> tuple
         str(args.budget_min),
     ]
     cmd += ["--smoke"] if args.smoke else []
-    for name in ("sweep", "n_test", "n_val", "val_every", "max_steps", "two_op_demos", "rl_start", "task", "fail_rate"):
+    for name in (
+        "sweep",
+        "n_test",
+        "n_val",
+        "val_every",
+        "max_steps",
+        "two_op_demos",
+        "rl_start",
+        "task",
+        "fail_rate",
+        "group_size",
+    ):
         if getattr(args, name) is not None:
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     env = dict(os.environ)
@@ -485,6 +502,13 @@ def _task_line(header: dict[str, Any]) -> str:
     )
 
 
+def _groups(header: dict[str, Any]) -> str:
+    """The RL arms' batch shape, where the header records it (runs before session 29 did not)."""
+    if not header.get("group_size"):
+        return ""
+    return f"({header['batch_size']} tasks x {header['group_size']} rollouts a step) "
+
+
 def _demonstrated(header: dict[str, Any]) -> str:
     one = f"{header.get('n_demo', 300)} one-operation questions"
     two = int(header.get("n_demo_two", 0))
@@ -506,8 +530,10 @@ def table(rows: list[Row], sfts: list[dict[str, Any]], header: dict[str, Any]) -
         f"Generated {header['date']} at commit `{header['commit']}` by `{header['command']}` ({header['machine']}).",
         *_runs_by(header),
         "",
-        _task_line(header) + f"RL arms: {header['budget_min']:g} min of training "
-        "each (evaluations excluded), from the seed's arm a unless the row names the SFT point it started from.",
+        _task_line(header)
+        + f"RL arms: {header['budget_min']:g} min of training "
+        + _groups(header)
+        + "each (evaluations excluded), from the seed's arm a unless the row names the SFT point it started from.",
         "",
         "| arm | seed | held-out before | after | gain | train wall | process wall | steps | tokens / update "
         "(sequence, forward) | peak memory |",
@@ -780,6 +806,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="--task retry: share of questions whose tool fails on the first call (default 0.5)",
     )
+    ap.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="rollouts per task of the RL arms (default: the model's preset, 8 for SmolLM2); more rollouts of a "
+        "task sample a rare success more often",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
     ap.add_argument("--report", action="store_true", help="run nothing: re-render the table from --out")
     ap.add_argument(
@@ -851,6 +884,8 @@ def main(argv: list[str] | None = None) -> int:
         "budget_min": args.budget_min,
         "task": p.task,
         "fail_rate": p.fail_rate,
+        "group_size": int(p.demo.get("group_size", 0)),
+        "batch_size": int(p.demo.get("batch_size", 0)),
     }
     record = out / "invocations.json"  # every invocation that ran something here: --report's header reads them
     runs: list[dict[str, Any]] = json.loads(record.read_text()) if record.exists() else []

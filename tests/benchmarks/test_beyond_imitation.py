@@ -140,3 +140,21 @@ def test_the_retry_task_is_named_in_the_report_and_its_settings_are_checked(tmp_
     with pytest.raises(SystemExit, match="between 0 and 1"):
         parsed("--task", "retry", "--fail-rate", "1.5")
     assert parsed("--task", "retry", "--two-op-demos", "5").n_demo_two == 5
+
+
+def test_the_group_size_is_read_checked_and_named_in_the_report(tmp_path: Path) -> None:
+    bench = _module()
+
+    def parsed(*extra: str) -> Any:
+        args = ["--model", "smollm2-135m", "--out", str(tmp_path / "x"), *extra]
+        return bench.settings(bench.build_parser().parse_args(args))
+
+    assert parsed().demo["group_size"] == 8 and parsed().demo["kl_every"] == 4  # the published arms' settings
+    wide = parsed("--group-size", "16")
+    assert (wide.demo["group_size"], wide.demo["batch_size"]) == (16, 8)
+    with pytest.raises(SystemExit, match="at least 2 rollouts"):
+        parsed("--group-size", "1")
+    _write_synthetic(tmp_path)
+    text = bench.write_report(tmp_path, HEADER | {"group_size": 16, "batch_size": 8})
+    assert "(8 tasks x 16 rollouts a step)" in text
+    assert "rollouts a step" not in bench.write_report(tmp_path, HEADER)  # older runs' headers did not record it
