@@ -168,7 +168,11 @@ def settings(args: argparse.Namespace) -> Preset:
     if args.group_size is not None:
         if args.group_size < 2:
             raise SystemExit(f"--group-size {args.group_size}: GRPO needs at least 2 rollouts per task")
-        changes["demo"] = p.demo | {"group_size": args.group_size}
+        changes["demo"] = changes.get("demo", p.demo) | {"group_size": args.group_size}
+    if args.temperature is not None:
+        if not 0.0 < args.temperature <= 2.0:
+            raise SystemExit(f"--temperature {args.temperature}: training samples need a temperature in (0, 2]")
+        changes["demo"] = changes.get("demo", p.demo) | {"temperature": args.temperature}
     if args.task == "retry":
         if not 0.0 <= args.fail_rate <= 1.0:
             raise SystemExit(f"--fail-rate {args.fail_rate}: give a share of questions between 0 and 1")
@@ -425,6 +429,7 @@ def run_child(args: argparse.Namespace, out: Path, seed: int, arm: str) -> tuple
         "task",
         "fail_rate",
         "group_size",
+        "temperature",
     ):
         if getattr(args, name) is not None:
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -506,7 +511,9 @@ def _groups(header: dict[str, Any]) -> str:
     """The RL arms' batch shape, where the header records it (runs before session 29 did not)."""
     if not header.get("group_size"):
         return ""
-    return f"({header['batch_size']} tasks x {header['group_size']} rollouts a step) "
+    hot = float(header.get("temperature", 1.0))
+    sampled = f", sampled at temperature {hot:g}" if hot != 1.0 else ""
+    return f"({header['batch_size']} tasks x {header['group_size']} rollouts a step{sampled}) "
 
 
 def _demonstrated(header: dict[str, Any]) -> str:
@@ -813,6 +820,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="rollouts per task of the RL arms (default: the model's preset, 8 for SmolLM2); more rollouts of a "
         "task sample a rare success more often",
     )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature of the RL arms' training rollouts (default 1.0; held-out stays greedy); "
+        "above 1 a rarely sampled move is tried more often",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads of each run (OMP_NUM_THREADS)")
     ap.add_argument("--report", action="store_true", help="run nothing: re-render the table from --out")
     ap.add_argument(
@@ -886,6 +900,7 @@ def main(argv: list[str] | None = None) -> int:
         "fail_rate": p.fail_rate,
         "group_size": int(p.demo.get("group_size", 0)),
         "batch_size": int(p.demo.get("batch_size", 0)),
+        "temperature": float(p.demo.get("temperature", 1.0)),
     }
     record = out / "invocations.json"  # every invocation that ran something here: --report's header reads them
     runs: list[dict[str, Any]] = json.loads(record.read_text()) if record.exists() else []

@@ -158,3 +158,9 @@ def test_the_group_size_is_read_checked_and_named_in_the_report(tmp_path: Path) 
     text = bench.write_report(tmp_path, HEADER | {"group_size": 16, "batch_size": 8})
     assert "(8 tasks x 16 rollouts a step)" in text
     assert "rollouts a step" not in bench.write_report(tmp_path, HEADER)  # older runs' headers did not record it
+    hot = parsed("--group-size", "16", "--temperature", "1.3")
+    assert (hot.demo["group_size"], hot.demo["temperature"]) == (16, 1.3)
+    with pytest.raises(SystemExit, match=r"temperature in \(0, 2\]"):
+        parsed("--temperature", "0")
+    text = bench.write_report(tmp_path, HEADER | {"group_size": 8, "batch_size": 8, "temperature": 1.3})
+    assert "(8 tasks x 8 rollouts a step, sampled at temperature 1.3)" in text
