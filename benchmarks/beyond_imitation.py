@@ -705,19 +705,50 @@ def unfinished(store_path: Path) -> int | None:
     return sum(r.status != RolloutStatus.SUCCEEDED for r, _ in runs.values())
 
 
-async def _tool_calls_per_rollout(store_path: Path) -> dict[int, list[int]]:
-    """Per training step (the rollouts' weights version), each rollout's number of model turns that
-    called a tool (a call the gateway parsed; a malformed one counts as text)."""
+@dataclass(frozen=True)
+class Sampled:
+    """One training rollout as ``--calls`` counts it."""
+
+    calls: int
+    """Model turns that called a tool (a call the gateway parsed; a malformed one counts as text)."""
+    failed: bool
+    """The retry task: the tool failed transiently on this question's first call."""
+    again: str | None
+    """After a failed first call: ``same`` (called again with the question's operation), ``other``
+    (called again with another one) or None (did not call again)."""
+    reward: float
+
+
+def _operations(spans: list[Any]) -> list[str]:
+    """The ``operation`` argument of every parsed tool call, in call order ("?" where unreadable)."""
+    from lightning_rl import semconv
+
+    ops: list[str] = []
+    for span in sorted(spans, key=lambda s: s.start_ns):
+        for call in json.loads(str(span.attributes.get(semconv.TOOL_CALLS) or "[]")):
+            try:
+                ops.append(str(json.loads(call["arguments"]).get("operation")))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                ops.append("?")
+    return ops
+
+
+async def _sampled_per_step(store_path: Path) -> dict[int, list[Sampled]]:
+    """Per training step (the rollouts' weights version), what each rollout did."""
     from lightning_rl import semconv
     from lightning_rl.store import SQLiteStore
 
     store = SQLiteStore(store_path)
     try:
-        steps: dict[int, list[int]] = {}
+        steps: dict[int, list[Sampled]] = {}
         for r in await store.query_rollouts(mode="train", limit=10_000):
-            spans = await store.query_spans(rollout_id=r.id, name=semconv.SPAN_LLM_CALL)
-            calling = sum(1 for s in spans if json.loads(str(s.attributes.get(semconv.TOOL_CALLS) or "[]")))
-            steps.setdefault(r.resources_version or 0, []).append(calling)
+            ops = _operations(await store.query_spans(rollout_id=r.id, name=semconv.SPAN_LLM_CALL))
+            failed = bool(r.task.input.get("failures"))
+            again = None
+            if failed and len(ops) >= 2:
+                again = "same" if ops[1] == r.task.input.get("operation") else "other"
+            sampled = Sampled(len(ops), failed, again, float(r.final_reward or 0.0))
+            steps.setdefault(r.resources_version or 0, []).append(sampled)
         return steps
     finally:
         await store.close()
@@ -726,29 +757,60 @@ async def _tool_calls_per_rollout(store_path: Path) -> dict[int, list[int]]:
 def calls_report(run_dir: Path) -> str:
     """How often the sampled policy of an RL arm called the tool 0, 1, 2 or more times, step by step:
     whether the move that earns the reward (two calls) is ever sampled, hence whether RL has anything to
-    reinforce, and whether it overshoots (a third call fails: every number is used)."""
+    reinforce, and whether it overshoots (a third call fails: every number is used). On the retry task,
+    also what followed a failed first call: a second call repeating the question's operation (the retry
+    that earns the reward) or naming another one (what two-operation demonstrations show after a tool
+    result), and how many of those questions were solved: GRPO can only reinforce a retry it sampled."""
     import asyncio
 
-    steps = asyncio.run(_tool_calls_per_rollout(run_dir / "store.sqlite"))
+    steps = asyncio.run(_sampled_per_step(run_dir / "store.sqlite"))
     rewards = {
         int(r["step"]): float(r["train/reward_mean"])
         for r in _rows(run_dir / "metrics.jsonl")
         if "train/reward_mean" in r
     }
+    retry = any(s.failed for rollouts in steps.values() for s in rollouts)
     lines = [
         f"Training rollouts of `{run_dir}` per step: how many of their turns called the tool (parsed calls), "
-        "and the step's mean reward.",
+        + (
+            "what followed a failed first call (called again with the same operation or another), how many "
+            "questions with a failed first call were solved, "
+            if retry
+            else ""
+        )
+        + "and the step's mean reward.",
         "",
     ]
-    lines += [
-        "| step | rollouts | 0 calls | 1 call | 2 calls | 3+ calls | reward mean |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for step, (_, counts) in enumerate(sorted(steps.items()), start=1):
+    head = "| step | rollouts | 0 calls | 1 call | 2 calls | 3+ calls |"
+    rule = "|---:|---:|---:|---:|---:|---:|"
+    if retry:
+        head += " tool failed | again, same operation | again, another | solved after a failure |"
+        rule += "---:|---:|---:|---:|"
+    lines += [head + " reward mean |", rule + "---:|"]
+    total = {"failed": 0, "same": 0, "other": 0, "solved": 0}
+    for step, (_, rollouts) in enumerate(sorted(steps.items()), start=1):
+        counts = [s.calls for s in rollouts]
         by = [counts.count(0), counts.count(1), counts.count(2)]
-        more = len(counts) - sum(by)
-        cells = " | ".join(str(n) for n in by)
-        lines.append(f"| {step} | {len(counts)} | {cells} | {more} | {_num(rewards.get(step), '.3f')} |")
+        cells = [*by, len(counts) - sum(by)]
+        if retry:
+            failed = [s for s in rollouts if s.failed]
+            tally = {
+                "failed": len(failed),
+                "same": sum(s.again == "same" for s in failed),
+                "other": sum(s.again == "other" for s in failed),
+                "solved": sum(s.reward >= 1.0 for s in failed),
+            }
+            total = {k: total[k] + v for k, v in tally.items()}
+            cells += list(tally.values())
+        lines.append(
+            f"| {step} | {len(counts)} | " + " | ".join(map(str, cells)) + f" | {_num(rewards.get(step), '.3f')} |"
+        )
+    if retry:
+        lines += [
+            "",
+            f"In all: {total['failed']} rollouts met a failed first call; {total['same']} called again with the "
+            f"question's operation, {total['other']} with another; {total['solved']} were solved.",
+        ]
     return "\n".join(lines) + "\n"
 
 

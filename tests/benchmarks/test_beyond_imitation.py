@@ -164,3 +164,52 @@ def test_the_group_size_is_read_checked_and_named_in_the_report(tmp_path: Path) 
         parsed("--temperature", "0")
     text = bench.write_report(tmp_path, HEADER | {"group_size": 8, "batch_size": 8, "temperature": 1.3})
     assert "(8 tasks x 8 rollouts a step, sampled at temperature 1.3)" in text
+
+
+def test_calls_counts_what_followed_a_failed_first_call_from_a_real_store(tmp_path: Path) -> None:
+    """--calls on a SQLite store holding four retry-task rollouts of one step: a retry with the
+    question's operation (solved), one with another operation (not solved), an answer from memory
+    after the failure, and a question whose tool did not fail."""
+    import asyncio
+
+    from lightning_rl import semconv
+    from lightning_rl.store import SQLiteStore
+    from lightning_rl.types import AttemptStatus, RolloutRequest, Span, Task
+
+    def call(start: int, *operations: str) -> Span:
+        calls = [
+            {"id": f"c{start}{op}", "name": "calculator", "arguments": json.dumps({"operation": op})}
+            for op in operations
+        ]
+        attrs = {semconv.TOOL_CALLS: json.dumps(calls)}
+        return Span(
+            name=semconv.SPAN_LLM_CALL, rollout_id="", attempt_id="", start_ns=start, end_ns=start + 1, attributes=attrs
+        )
+
+    add = {"operation": "add", "failures": 1}
+    rollouts = {  # id: (task input, spans out of time order, reward)
+        "same": (add, [call(300), call(200, "add"), call(100, "add")], 1.0),
+        "other": (add, [call(300), call(100, "add"), call(200, "subtract")], 0.0),
+        "memory": (add, [call(100, "add"), call(200)], 1.0),
+        "fine": ({"operation": "add", "failures": 0}, [call(100, "add"), call(200)], 1.0),
+    }
+
+    async def fill() -> None:
+        store = SQLiteStore(tmp_path / "store.sqlite")
+        await store.enqueue([RolloutRequest(id=r, task=Task(input=inp)) for r, (inp, _, _) in rollouts.items()])
+        for _ in rollouts:
+            (claim,) = await store.claim("w")
+            _, spans, reward = rollouts[claim.rollout.id]
+            ids = {"rollout_id": claim.rollout.id, "attempt_id": claim.attempt.id}
+            await store.add_spans([s.model_copy(update=ids) for s in spans])
+            await store.finish_attempt(claim.attempt.id, AttemptStatus.SUCCEEDED, reward=reward)
+        await store.close()
+
+    asyncio.run(fill())
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/reward_mean": 0.75}) + "\n")
+    text = _module().calls_report(tmp_path)
+    assert "| 1 | 4 | 0 | 2 | 2 | 0 | 3 | 1 | 1 | 2 | 0.750 |" in text
+    assert (
+        "3 rollouts met a failed first call; 1 called again with the question's operation, 1 with another; "
+        "2 were solved" in text
+    )
