@@ -720,16 +720,19 @@ class Sampled:
 
 
 def _operations(spans: list[Any]) -> list[str]:
-    """The ``operation`` argument of every parsed tool call, in call order ("?" where unreadable)."""
+    """Per model turn that called a tool, in time order, the ``operation`` argument of its first parsed
+    call ("?" where unreadable): a turn of parallel calls is one turn, as in the call counts."""
     from lightning_rl import semconv
 
     ops: list[str] = []
     for span in sorted(spans, key=lambda s: s.start_ns):
-        for call in json.loads(str(span.attributes.get(semconv.TOOL_CALLS) or "[]")):
-            try:
-                ops.append(str(json.loads(call["arguments"]).get("operation")))
-            except (ValueError, TypeError, KeyError, AttributeError):
-                ops.append("?")
+        calls = json.loads(str(span.attributes.get(semconv.TOOL_CALLS) or "[]"))
+        if not calls:
+            continue
+        try:
+            ops.append(str(json.loads(calls[0]["arguments"]).get("operation")))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            ops.append("?")
     return ops
 
 

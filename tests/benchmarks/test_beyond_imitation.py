@@ -167,9 +167,9 @@ def test_the_group_size_is_read_checked_and_named_in_the_report(tmp_path: Path) 
 
 
 def test_calls_counts_what_followed_a_failed_first_call_from_a_real_store(tmp_path: Path) -> None:
-    """--calls on a SQLite store holding four retry-task rollouts of one step: a retry with the
+    """--calls on a SQLite store holding five retry-task rollouts of one step: a retry with the
     question's operation (solved), one with another operation (not solved), an answer from memory
-    after the failure, and a question whose tool did not fail."""
+    after the failure, a question whose tool did not fail, and a turn of two parallel calls."""
     import asyncio
 
     from lightning_rl import semconv
@@ -192,6 +192,8 @@ def test_calls_counts_what_followed_a_failed_first_call_from_a_real_store(tmp_pa
         "other": (add, [call(300), call(100, "add"), call(200, "subtract")], 0.0),
         "memory": (add, [call(100, "add"), call(200)], 1.0),
         "fine": ({"operation": "add", "failures": 0}, [call(100, "add"), call(200)], 1.0),
+        # two parallel calls in one turn: one calling turn, so no call again
+        "parallel": (add, [call(100, "add", "subtract"), call(200)], 0.0),
     }
 
     async def fill() -> None:
@@ -208,8 +210,8 @@ def test_calls_counts_what_followed_a_failed_first_call_from_a_real_store(tmp_pa
     asyncio.run(fill())
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/reward_mean": 0.75}) + "\n")
     text = _module().calls_report(tmp_path)
-    assert "| 1 | 4 | 0 | 2 | 2 | 0 | 3 | 1 | 1 | 2 | 0.750 |" in text
+    assert "| 1 | 5 | 0 | 3 | 2 | 0 | 4 | 1 | 1 | 2 | 0.750 |" in text
     assert (
-        "3 rollouts met a failed first call; 1 called again with the question's operation, 1 with another; "
+        "4 rollouts met a failed first call; 1 called again with the question's operation, 1 with another; "
         "2 were solved" in text
     )
